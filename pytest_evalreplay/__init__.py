@@ -1,0 +1,36 @@
+"""pytest-evalreplay: LLM evaluations as pytest suites, resumable, replayable
+and gate-able in CI."""
+
+from pytest_evalreplay import scorers
+from pytest_evalreplay.model import (
+    EvalReplayError,
+    EvalResult,
+    Generation,
+    GenerationError,
+    Provider,
+    Request,
+    RolloutResult,
+)
+from pytest_evalreplay.task import EvalTask
+
+__all__ = [
+    "EvalReplayError",
+    "EvalResult",
+    "EvalTask",
+    "Generation",
+    "GenerationError",
+    "Provider",
+    "ReplayProvider",
+    "Request",
+    "RolloutResult",
+    "scorers",
+]
+
+
+def __getattr__(name: str) -> object:
+    # The replay provider is imported on first use, keeping `import pytest_evalreplay` light.
+    if name == "ReplayProvider":
+        from pytest_evalreplay.providers.replay import ReplayProvider
+
+        return ReplayProvider
+    raise AttributeError(f"module 'pytest_evalreplay' has no attribute {name!r}")

@@ -1,0 +1,113 @@
+"""Collection: an `EvalTask` becomes a collector of one item per
+(stage, instance, rollout), with node ids like `test_evals.py::gsm8k::q0042[s1-r0]`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_evalreplay.model import RolloutResult
+from pytest_evalreplay.task import EvalTask
+
+if TYPE_CHECKING:
+    pass
+
+SESSION_KEY = pytest.StashKey["EvalSession"]()
+REUSED_REASON = "evalreplay: reused from journal"
+
+
+class ItemFailed(Exception):
+    """Generation or scoring failed for good; reported as a short message."""
+
+
+class TaskCollector(pytest.Collector):
+    def __init__(self, *, task: EvalTask, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.task = task
+
+    @classmethod
+    def from_parent(cls, parent: pytest.Collector, *, name: str, task: EvalTask) -> TaskCollector:  # type: ignore[override]
+        return super().from_parent(parent, name=name, task=task)
+
+    def collect(self) -> Iterator[RolloutItem]:
+        stage = 1
+        for instance in self.task.instances:
+            for rollout in range(self.task.num_samples):
+                yield RolloutItem.from_parent(
+                    self,
+                    name=f"{instance['id']}[s{stage}-r{rollout}]",
+                    task=self.task,
+                    stage=stage,
+                    instance_id=instance["id"],
+                    rollout=rollout,
+                )
+
+
+class RolloutItem(pytest.Item):
+    """One rollout of one instance. Running it reads the task's batched result
+    (the first item of a batch to run generates the whole batch)."""
+
+    def __init__(self, *, task: EvalTask, stage: int, instance_id: str, rollout: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.task = task
+        self.stage = stage
+        self.instance_id = instance_id
+        self.rollout = rollout
+        self.add_marker("evalreplay")
+        self.extra_keyword_matches.update(
+            {task.name, instance_id, f"s{stage}", f"r{rollout}", f"s{stage}-r{rollout}"}
+        )
+        self.user_properties.extend(_identity(self))
+
+    @classmethod
+    def from_parent(cls, parent: pytest.Collector, **kwargs: Any) -> RolloutItem:  # type: ignore[override]
+        return super().from_parent(parent, **kwargs)
+
+    @property
+    def key(self) -> tuple[int, str, int]:
+        return (self.stage, self.instance_id, self.rollout)
+
+    def runtest(self) -> None:
+        result = self.config.stash[SESSION_KEY].result_for(self)
+        record(self, result)
+        if not result.ok:
+            raise ItemFailed(result.error)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, ItemFailed):
+            return f"{self.task.name} {self.name}: {excinfo.value}"
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        line = self.task.defined_line - 1 if self.task.defined_in == self.path else 0
+        return self.path, line, f"{self.task.name}::{self.name}"
+
+
+def _identity(item: RolloutItem) -> list[tuple[str, object]]:
+    return [
+        ("evalreplay.task", item.task.name),
+        ("evalreplay.instance", item.instance_id),
+        ("evalreplay.stage", item.stage),
+        ("evalreplay.rollout", item.rollout),
+    ]
+
+
+def record(item: pytest.Item, result: RolloutResult) -> None:
+    """Put the item's scores and finish reason in user_properties (and so in JUnit XML)."""
+    props = item.user_properties
+    for name, value in result.scores.items():
+        props.append((f"score.{name}", value))
+    gen = result.generation
+    if gen is not None:
+        props.append(("finish_reason", gen.finish_reason))
+        if gen.completion_tokens is not None:
+            props.append(("completion_tokens", gen.completion_tokens))
+
+
+def mark_reused(item: RolloutItem, result: RolloutResult) -> None:
+    """Report a journal-held item as skipped, carrying its stored scores."""
+    record(item, result)
+    item.user_properties.append(("evalreplay.reused", True))
+    item.add_marker(pytest.mark.skip(reason=REUSED_REASON))

@@ -1,0 +1,225 @@
+"""The data model shared by tasks, providers, the journal and the run dir.
+
+Everything here is plain frozen data plus the conversions to and from the JSON
+rows of the run dir, so that providers written by users depend on nothing but
+this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import orjson
+
+RequestType = Literal["generate", "loglikelihood"]
+Message = dict[str, Any]
+Context = str | list[Message]
+
+
+class EvalReplayError(Exception):
+    """A user-facing error: bad input, bad configuration, unreadable saved data.
+
+    The message always says which file (and line) and what to do about it.
+    """
+
+
+@dataclass(frozen=True)
+class Request:
+    """One instance's prompt in one stage, asking for some of its rollouts.
+
+    `num_samples` is the task's configured sample count (what a saved run was
+    generated with); `rollouts` says which of those samples are wanted now, so
+    a resumed or `-k`-narrowed run asks only for what is missing. A provider
+    returns one `Generation` per entry of `rollouts`, in that order.
+    """
+
+    task: str
+    instance_id: str
+    context: Context
+    system_prompt: str | None = None
+    request_type: RequestType = "generate"
+    num_samples: int = 1
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    images: tuple[Any, ...] = ()
+    tools: tuple[Any, ...] = ()
+    stage: int = 1
+    rollouts: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.rollouts:
+            object.__setattr__(self, "rollouts", tuple(range(self.num_samples)))
+
+    @property
+    def prompt_key(self) -> bytes:
+        return prompt_key(self.context, self.system_prompt)
+
+    def to_row(self) -> dict[str, Any]:
+        """The run dir's requests row (contract: `<task>-requests.jsonl`)."""
+        row: dict[str, Any] = {
+            "instance_id": self.instance_id,
+            "request_type": self.request_type,
+            "context": self.context,
+            "system_prompt": self.system_prompt,
+            "num_samples": self.num_samples,
+            "sampling": dict(self.sampling),
+        }
+        if self.images:
+            row["images"] = list(self.images)
+        if self.tools:
+            row["tools"] = list(self.tools)
+        if self.stage != 1:
+            row["stage"] = self.stage
+        return row
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sample of the model. `original_text` keeps the raw text when a
+    reasoning block was stripped from `text`, so replay can strip again."""
+
+    text: str
+    original_text: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def raw_text(self) -> str:
+        return self.text if self.original_text is None else self.original_text
+
+    def to_row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"text": self.text}
+        if self.original_text is not None:
+            row["original_text"] = self.original_text
+        row["finish_reason"] = self.finish_reason
+        row["prompt_tokens"] = self.prompt_tokens
+        row["completion_tokens"] = self.completion_tokens
+        if self.metadata:
+            row["metadata"] = dict(self.metadata)
+        return row
+
+    @classmethod
+    def from_row(cls, row: Any, where: str) -> Generation:
+        """Build from a saved row; `where` ("file:line") names it in errors."""
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise EvalReplayError(f"{where}: a generation must be an object with a string 'text'")
+        original = row.get("original_text")
+        metadata = row.get("metadata") or {}
+        if original is not None and not isinstance(original, str):
+            raise EvalReplayError(f"{where}: 'original_text' must be a string or null")
+        if not isinstance(metadata, dict):
+            raise EvalReplayError(f"{where}: 'metadata' must be an object")
+        return cls(
+            text=row["text"],
+            original_text=original,
+            finish_reason=row.get("finish_reason"),
+            prompt_tokens=_opt_int(row.get("prompt_tokens"), where, "prompt_tokens"),
+            completion_tokens=_opt_int(row.get("completion_tokens"), where, "completion_tokens"),
+            metadata=metadata,
+        )
+
+
+def _opt_int(value: Any, where: str, name: str) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise EvalReplayError(f"{where}: {name!r} must be an integer or null, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GenerationError:
+    """A request that failed. Retryable ones (timeouts, dropped connections,
+    5xx) are tried again up to the attempt cap; the rest are final at once."""
+
+    message: str
+    retryable: bool = False
+
+
+GenerateResult = list[Generation] | GenerationError
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """Turns a batch of requests into generations, one entry per request.
+
+    Providers see a whole stage (or a large chunk of it) at once. Optional
+    attributes the plugin reads when present: `kind` and `model` (recorded in
+    the manifest and the config fingerprint), `batch_size` (the largest chunk
+    it wants, None for all at once) and `close()` (called at session end).
+    """
+
+    def generate(self, requests: list[Request]) -> list[GenerateResult]: ...
+
+
+def provider_identity(provider: Any) -> dict[str, Any]:
+    """What of a provider changes results: its kind and model."""
+    kind = getattr(provider, "kind", None) or type(provider).__name__
+    return {"kind": str(kind), "model": getattr(provider, "model", None)}
+
+
+def prompt_key(context: Context, system_prompt: str | None) -> bytes:
+    """The replay key: context plus system prompt, chat messages compared as data."""
+    if isinstance(context, str):
+        blob = b"s" + context.encode("utf-8", "surrogatepass") + b"\x00" + _sys_bytes(system_prompt)
+    else:
+        blob = b"m" + orjson.dumps(context, option=orjson.OPT_SORT_KEYS) + b"\x00"
+        blob += _sys_bytes(system_prompt)
+    return hashlib.blake2b(blob, digest_size=16).digest()
+
+
+def _sys_bytes(system_prompt: str | None) -> bytes:
+    return b"-" if system_prompt is None else b"+" + system_prompt.encode("utf-8", "surrogatepass")
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """The outcome of one item: a scored generation, or a failure."""
+
+    task: str
+    stage: int
+    instance_id: str
+    rollout: int
+    generation: Generation | None = None
+    scores: Mapping[str, float] = field(default_factory=dict)
+    error: str | None = None
+    failure_class: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """What `EvalTask.evaluate` returns: aggregate metrics, per-instance scores
+    (mean over rollouts) and per-instance errors (never scored as 0)."""
+
+    task: str
+    metrics: dict[str, float]
+    scores: dict[str, dict[str, float]]
+    errors: dict[str, str]
+    rollouts: tuple[RolloutResult, ...] = ()
+
+
+def aggregate(results: Sequence[RolloutResult]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Metrics as the mean over instances of each instance's mean over its
+    successful rollouts. Failed rollouts are left out, never counted as 0."""
+    per_instance: dict[str, dict[str, list[float]]] = {}
+    for r in results:
+        if not r.ok:
+            continue
+        slot = per_instance.setdefault(r.instance_id, {})
+        for name, value in r.scores.items():
+            slot.setdefault(name, []).append(float(value))
+    scores = {
+        iid: {name: sum(vals) / len(vals) for name, vals in metrics.items()}
+        for iid, metrics in per_instance.items()
+    }
+    totals: dict[str, list[float]] = {}
+    for metrics in scores.values():
+        for name, value in metrics.items():
+            totals.setdefault(name, []).append(value)
+    return {name: sum(vals) / len(vals) for name, vals in sorted(totals.items())}, scores

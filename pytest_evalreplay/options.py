@@ -1,0 +1,205 @@
+"""Command-line options, their ini twins, and the resolved `Settings`.
+
+Each option `--evalreplay-foo` has an ini key `evalreplay_foo`; the command
+line wins. `Settings` is plain frozen data so the rest of the package never
+touches `pytest.Config` directly.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pytest_evalreplay.model import EvalReplayError
+
+DEFAULT_CONCURRENCY = 32
+DEFAULT_MAX_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Settings:
+    provider: str | None = None
+    predictions: Path | None = None
+    model: str | None = None
+    base_url: str | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    concurrency: int = DEFAULT_CONCURRENCY
+    output: Path | None = None
+    report: Path | None = None
+    resume: bool = False
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    failure_budget: float = 0.0
+    batch_size: int | None = None
+    quiet: bool = False
+
+    @property
+    def provider_kind(self) -> str | None:
+        return self.provider
+
+
+# (name, ini type, help, command-line kwargs)
+_OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
+    (
+        "predictions",
+        "string",
+        "rescore saved generations from PATH (a run dir or predictions file) "
+        "with the replay provider; also what the replay_provider fixture serves",
+        {"metavar": "PATH"},
+    ),
+    (
+        "provider",
+        "string",
+        "provider kind: replay, vllm, openai, or one a conftest registers",
+        {"metavar": "KIND"},
+    ),
+    ("model", "string", "model name or path for the vllm / openai providers", {"metavar": "NAME"}),
+    ("base-url", "string", "OpenAI-compatible server URL for the openai provider", {"metavar": "URL"}),
+    (
+        "engine-arg",
+        "linelist",
+        "vLLM engine argument KEY=VALUE (repeatable; VALUE parsed as JSON where it parses)",
+        {"action": "append", "metavar": "KEY=VALUE"},
+    ),
+    (
+        "concurrency",
+        "string",
+        f"requests in flight for the openai provider (default {DEFAULT_CONCURRENCY})",
+        {"metavar": "N"},
+    ),
+    ("report", "string", "also write the summary as Markdown to FILE", {"metavar": "FILE"}),
+    (
+        "output",
+        "string",
+        "directory for the run dir and its journal (default: under pytest's cache dir)",
+        {"metavar": "DIR"},
+    ),
+    (
+        "max-attempts",
+        "string",
+        f"attempts per item before a retryable failure is final (default {DEFAULT_MAX_ATTEMPTS})",
+        {"metavar": "N"},
+    ),
+    (
+        "failure-budget",
+        "string",
+        "fraction of items allowed to fail before a task's gate fails (default 0)",
+        {"metavar": "F"},
+    ),
+    (
+        "batch-size",
+        "string",
+        "requests per provider call (default: what the provider prefers; the whole task for most)",
+        {"metavar": "N"},
+    ),
+]
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("evalreplay", "LLM evaluations (pytest-evalreplay)")
+    for name, ini_type, help_text, kwargs in _OPTIONS:
+        dest = "evalreplay_" + name.replace("-", "_")
+        group.addoption(f"--evalreplay-{name}", dest=dest, default=None, help=help_text, **kwargs)
+        ini_help = help_text if ini_type != "linelist" else help_text + " (one per line)"
+        parser.addini(
+            dest if name != "engine-arg" else "evalreplay_engine_args", ini_help, type=ini_type, default=None
+        )
+    group.addoption(
+        "--resume",
+        action="store_true",
+        default=False,
+        dest="evalreplay_resume",
+        help="reuse every item the fingerprinted journal holds as done; run only the rest",
+    )
+    parser.addini("evalreplay_resume", "always resume (bool)", type="bool", default=False)
+
+
+def _raw(config: pytest.Config, name: str) -> Any:
+    dest = "evalreplay_" + name.replace("-", "_")
+    value = config.getoption(dest)
+    if value is None or value == []:
+        ini_name = dest if name != "engine-arg" else "evalreplay_engine_args"
+        value = config.getini(ini_name)
+    return value if value not in ("", []) else None
+
+
+def _number(config: pytest.Config, name: str, kind: type, low: float, default: Any) -> Any:
+    raw = _raw(config, name)
+    if raw is None:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise pytest.UsageError(
+            f"--evalreplay-{name} (ini evalreplay_{name.replace('-', '_')}) must be a "
+            f"{'number' if kind is float else 'whole number'} >= {low}, got {raw!r}"
+        )
+    return value
+
+
+def parse_engine_args(items: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs; VALUE is JSON where it parses (so 0.1, true, [1,2] keep their types)."""
+    args: dict[str, Any] = {}
+    for item in items:
+        for part in shlex.split(item) if " " in item.strip() else [item]:
+            key, sep, value = part.partition("=")
+            if not sep or not key.strip():
+                raise EvalReplayError(f"engine argument {part!r} is not KEY=VALUE")
+            try:
+                args[key.strip()] = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                args[key.strip()] = value
+    return args
+
+
+def _provider_kind(config: pytest.Config) -> str | None:
+    """Saved predictions imply the replay provider, unless a provider is named
+    at the same level: command line before ini, and on each level an explicit
+    --evalreplay-provider before --evalreplay-predictions."""
+    for source in (config.getoption, config.getini):
+        kind = source("evalreplay_provider")
+        if kind:
+            return str(kind)
+        if source("evalreplay_predictions"):
+            return "replay"
+    return None
+
+
+def resolve(config: pytest.Config) -> Settings:
+    """Read every option (command line first, then ini) into `Settings`."""
+
+    def path(name: str) -> Path | None:
+        raw = _raw(config, name)
+        if raw is None:
+            return None
+        p = Path(raw).expanduser()
+        return p if p.is_absolute() else Path(config.invocation_params.dir) / p
+
+    budget = _number(config, "failure-budget", float, 0.0, 0.0)
+    if budget > 1:
+        raise pytest.UsageError(f"--evalreplay-failure-budget must be a fraction in [0, 1], got {budget}")
+    try:
+        engine_args = parse_engine_args(_raw(config, "engine-arg") or [])
+    except EvalReplayError as exc:
+        raise pytest.UsageError(f"--evalreplay-engine-arg: {exc}") from None
+    return Settings(
+        provider=_provider_kind(config),
+        predictions=path("predictions"),
+        model=_raw(config, "model"),
+        base_url=_raw(config, "base-url"),
+        engine_args=engine_args,
+        concurrency=_number(config, "concurrency", int, 1, DEFAULT_CONCURRENCY),
+        output=path("output"),
+        report=path("report"),
+        resume=bool(config.getoption("evalreplay_resume") or config.getini("evalreplay_resume")),
+        max_attempts=_number(config, "max-attempts", int, 1, DEFAULT_MAX_ATTEMPTS),
+        failure_budget=budget,
+        batch_size=_number(config, "batch-size", int, 1, None),
+        quiet=config.getoption("verbose") < 0,
+    )

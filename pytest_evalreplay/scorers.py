@@ -1,0 +1,125 @@
+"""Built-in scorers and the reasoning strip.
+
+A built-in scorer compares the model's text with the task's target; any
+callable `scorer(text, instance)` works in their place. Built-ins are frozen
+dataclasses so their parameters are part of the config fingerprint.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from dataclasses import dataclass
+from typing import Any
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_UNCLOSED_THINK = re.compile(r"<think>.*\Z", re.DOTALL)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def strip_reasoning(text: str) -> str:
+    """Drop `<think>...</think>` blocks; an unclosed block drops to the end
+    (the model ran out of tokens while thinking, so there is no answer)."""
+    return _UNCLOSED_THINK.sub("", _THINK.sub("", text)).strip()
+
+
+def normalize(text: str) -> str:
+    """Case-fold, drop punctuation and articles, squeeze whitespace."""
+    text = text.lower().translate(_PUNCT)
+    words = [w for w in text.split() if w not in ("a", "an", "the")]
+    return " ".join(words)
+
+
+def _extract(text: str, pattern: str | None) -> str | None:
+    """The answer span: the first group of the last match of `pattern`."""
+    if pattern is None:
+        return text
+    matches = list(re.finditer(pattern, text, flags=re.DOTALL))
+    if not matches:
+        return None
+    last = matches[-1]
+    return last.group(1) if last.groups() else last.group(0)
+
+
+@dataclass(frozen=True)
+class ExactMatch:
+    """1.0 when the extracted answer equals the target (after normalisation)."""
+
+    extract: str | None = None
+    normalize: bool = True
+    name: str = "exact_match"
+
+    def score(self, text: str, target: Any) -> float:
+        answer = _extract(text, self.extract)
+        if answer is None:
+            return 0.0
+        targets = target if isinstance(target, (list, tuple)) else [target]
+        prep = normalize if self.normalize else str.strip
+        return float(any(prep(answer) == prep(str(t)) for t in targets))
+
+
+@dataclass(frozen=True)
+class NumericMatch:
+    """1.0 when the extracted number is within `tolerance` (absolute or
+    relative) of the target. Without `extract`, the last number in the text."""
+
+    extract: str | None = None
+    tolerance: float = 1e-6
+    relative: bool = False
+    name: str = "numeric_match"
+
+    def score(self, text: str, target: Any) -> float:
+        span = _extract(text, self.extract)
+        if span is None:
+            return 0.0
+        numbers = _NUMBER.findall(span)
+        if not numbers:
+            return 0.0
+        try:
+            got = float(numbers[-1].replace(",", ""))
+            want = float(str(target).replace(",", ""))
+        except ValueError:
+            return 0.0
+        if self.relative:
+            return float(math.isclose(got, want, rel_tol=self.tolerance, abs_tol=0.0))
+        return float(abs(got - want) <= self.tolerance)
+
+
+@dataclass(frozen=True)
+class Contains:
+    """1.0 when the target appears in the text."""
+
+    normalize: bool = True
+    name: str = "contains"
+
+    def score(self, text: str, target: Any) -> float:
+        targets = target if isinstance(target, (list, tuple)) else [target]
+        prep = normalize if self.normalize else (lambda s: s)
+        hay = prep(text)
+        return float(any(prep(str(t)) in hay for t in targets))
+
+
+BuiltinScorer = ExactMatch | NumericMatch | Contains
+BUILTIN_TYPES = (ExactMatch, NumericMatch, Contains)
+
+BUILTINS: dict[str, BuiltinScorer] = {
+    "exact_match": ExactMatch(),
+    "numeric_match": NumericMatch(),
+    "contains": Contains(),
+}
+
+
+def exact_match(extract: str | None = None, normalize: bool = True) -> ExactMatch:
+    return ExactMatch(extract=extract, normalize=normalize)
+
+
+def numeric_match(
+    extract: str | None = None, tolerance: float = 1e-6, relative: bool = False
+) -> NumericMatch:
+    return NumericMatch(extract=extract, tolerance=tolerance, relative=relative)
+
+
+def contains(normalize: bool = True) -> Contains:
+    return Contains(normalize=normalize)

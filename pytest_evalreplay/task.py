@@ -1,0 +1,286 @@
+"""`EvalTask`: a named set of instances plus how to prompt and score them."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pytest_evalreplay.model import (
+    Context,
+    EvalReplayError,
+    EvalResult,
+    Generation,
+    Provider,
+    Request,
+    aggregate,
+)
+from pytest_evalreplay.scorers import BUILTIN_TYPES, BUILTINS, BuiltinScorer, strip_reasoning
+
+TASK_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+Instance = dict[str, Any]
+Scorer = Callable[[str, Instance], "float | bool | Mapping[str, float]"]
+
+
+def validate_task_name(name: Any) -> str:
+    """Task names become file names: keep them to a safe alphabet."""
+    if not isinstance(name, str) or not TASK_NAME.fullmatch(name) or name in (".", ".."):
+        raise EvalReplayError(
+            f"invalid task name {name!r}: use only letters, digits, '_', '.' and '-' "
+            "(the name becomes a file name in the run dir)"
+        )
+    return name
+
+
+def load_instances(
+    source: Iterable[Mapping[str, Any]] | str | os.PathLike[str], base: Path
+) -> list[Instance]:
+    """Instances from an iterable of dicts or a JSONL file (relative to `base`).
+
+    Ids are strings, unique, and safe inside a pytest node id.
+    """
+    rows: list[tuple[str, Any]] = []
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_absolute():
+            path = base / path
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise EvalReplayError(f"{path}: cannot read instances: {exc.strerror}") from None
+        for lineno, line in enumerate(data.splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rows.append((where, orjson.loads(line)))
+            except orjson.JSONDecodeError as exc:
+                raise EvalReplayError(f"{where}: malformed JSON ({exc}); fix or remove that line") from None
+    else:
+        rows = [(f"instance #{i}", row) for i, row in enumerate(source)]
+    instances: list[Instance] = []
+    seen: dict[str, str] = {}
+    for where, row in rows:
+        if not isinstance(row, Mapping):
+            raise EvalReplayError(f"{where}: an instance must be a JSON object with an 'id'")
+        iid = row.get("id")
+        if isinstance(iid, int) and not isinstance(iid, bool):
+            iid = str(iid)
+        if not isinstance(iid, str) or not iid.strip():
+            raise EvalReplayError(f"{where}: an instance needs a non-empty string 'id'")
+        if "::" in iid or "\n" in iid or "[" in iid or "]" in iid:
+            raise EvalReplayError(
+                f"{where}: instance id {iid!r} may not contain '::', '[', ']' or a newline "
+                "(it is part of the pytest node id)"
+            )
+        if iid in seen:
+            raise EvalReplayError(f"{where}: duplicate instance id {iid!r} (first at {seen[iid]})")
+        seen[iid] = where
+        instances.append({**row, "id": iid})
+    return instances
+
+
+def _callable_identity(fn: Callable[..., Any]) -> dict[str, Any]:
+    """A callable's name plus a hash of its source, so editing it changes the fingerprint."""
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = repr(fn)
+    return {"callable": name, "source_sha256": hashlib.sha256(source.encode()).hexdigest()}
+
+
+def _caller() -> tuple[Path | None, int]:
+    """Where the task was built: relative instance paths are read from that
+    module's directory, and reports point at that line."""
+    frame = sys._getframe(2)
+    file = frame.f_globals.get("__file__")
+    return (Path(file).resolve() if file else None), frame.f_lineno
+
+
+class EvalTask:
+    """A named evaluation. Module-level instances in test modules are collected
+    as one pytest item per (stage, instance, rollout)."""
+
+    def __init__(
+        self,
+        name: str,
+        instances: Iterable[Mapping[str, Any]] | str | os.PathLike[str],
+        prompt: str | Callable[[Instance], Context],
+        scorer: Scorer | BuiltinScorer | str,
+        target: str | Callable[[Instance], Any] | None = None,
+        system_prompt: str | None = None,
+        num_samples: int = 1,
+        sampling: Mapping[str, Any] | None = None,
+        strip_reasoning: bool = False,
+    ) -> None:
+        self.name = validate_task_name(name)
+        self.defined_in, self.defined_line = _caller()
+        base = self.defined_in.parent if self.defined_in is not None else Path.cwd()
+        self.instances = load_instances(instances, base)
+        if not isinstance(prompt, str) and not callable(prompt):
+            raise EvalReplayError(f"task {name!r}: prompt must be a format string or a callable")
+        self.prompt = prompt
+        if isinstance(scorer, str):
+            if scorer not in BUILTINS:
+                raise EvalReplayError(
+                    f"task {name!r}: unknown scorer {scorer!r}; built-ins are {sorted(BUILTINS)}"
+                )
+            scorer = BUILTINS[scorer]
+        if not callable(scorer) and not isinstance(scorer, BUILTIN_TYPES):
+            raise EvalReplayError(f"task {name!r}: scorer must be callable or a built-in scorer")
+        self.scorer = scorer
+        self.target = target
+        self.system_prompt = system_prompt
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise EvalReplayError(f"task {name!r}: num_samples must be a positive integer")
+        self.num_samples = num_samples
+        self.sampling = dict(sampling or {})
+        self.strip_reasoning = strip_reasoning
+        self._by_id = {inst["id"]: inst for inst in self.instances}
+
+    def __repr__(self) -> str:
+        return f"EvalTask({self.name!r}, {len(self.instances)} instances, num_samples={self.num_samples})"
+
+    def instance(self, instance_id: str) -> Instance:
+        return self._by_id[instance_id]
+
+    # -- prompting ---------------------------------------------------------
+
+    def render(self, instance: Instance) -> Context:
+        if isinstance(self.prompt, str):
+            try:
+                return self.prompt.format(**instance)
+            except (KeyError, IndexError) as exc:
+                raise EvalReplayError(
+                    f"task {self.name!r}: prompt template needs field {exc} "
+                    f"missing from instance {instance['id']!r}"
+                ) from None
+        return self.prompt(instance)
+
+    def request(self, instance: Instance, stage: int = 1, rollouts: tuple[int, ...] = ()) -> Request:
+        return Request(
+            task=self.name,
+            instance_id=instance["id"],
+            context=self.render(instance),
+            system_prompt=self.system_prompt,
+            num_samples=self.num_samples,
+            sampling=self.sampling,
+            stage=stage,
+            rollouts=rollouts,
+        )
+
+    # -- scoring -----------------------------------------------------------
+
+    @property
+    def scorer_name(self) -> str:
+        if isinstance(self.scorer, BUILTIN_TYPES):
+            return self.scorer.name
+        name = getattr(self.scorer, "__name__", "score")
+        return "score" if name == "<lambda>" else name
+
+    def target_of(self, instance: Instance) -> Any:
+        if callable(self.target):
+            return self.target(instance)
+        field_name = self.target or "target"
+        if field_name not in instance:
+            raise EvalReplayError(
+                f"task {self.name!r}: instance {instance['id']!r} has no target field {field_name!r}; "
+                "set EvalTask(target=...) to the field that holds the answer"
+            )
+        return instance[field_name]
+
+    def postprocess(self, generation: Generation) -> Generation:
+        """Apply the reasoning strip to a provider's raw text."""
+        if not self.strip_reasoning:
+            return generation
+        raw = generation.raw_text
+        return Generation(
+            text=strip_reasoning(raw),
+            original_text=raw,
+            finish_reason=generation.finish_reason,
+            prompt_tokens=generation.prompt_tokens,
+            completion_tokens=generation.completion_tokens,
+            metadata=generation.metadata,
+        )
+
+    def score(self, text: str, instance: Instance) -> dict[str, float]:
+        """Scores as a dict of floats; raises what the scorer raises."""
+        if isinstance(self.scorer, BUILTIN_TYPES):
+            value: Any = self.scorer.score(text, self.target_of(instance))
+        else:
+            value = self.scorer(text, instance)
+        if isinstance(value, Mapping):
+            return {str(k): _as_float(v, self.name, k) for k, v in value.items()}
+        return {self.scorer_name: _as_float(value, self.name, self.scorer_name)}
+
+    # -- identity ----------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        """Everything of the task that changes results, as plain data for the fingerprint."""
+        instances_hash = hashlib.sha256(
+            orjson.dumps(self.instances, option=orjson.OPT_SORT_KEYS, default=repr)
+        ).hexdigest()
+        if isinstance(self.prompt, str):
+            prompt: Any = self.prompt
+        else:
+            prompt = _callable_identity(self.prompt)
+        if isinstance(self.scorer, BUILTIN_TYPES):
+            scorer: Any = {"builtin": type(self.scorer).__name__, **asdict(self.scorer)}
+        else:
+            scorer = _callable_identity(self.scorer)
+        target = _callable_identity(self.target) if callable(self.target) else self.target
+        return {
+            "instances": instances_hash,
+            "prompt": prompt,
+            "system_prompt": self.system_prompt,
+            "scorer": scorer,
+            "target": target,
+            "num_samples": self.num_samples,
+            "sampling": self.sampling,
+            "strip_reasoning": self.strip_reasoning,
+        }
+
+    # -- running without pytest -------------------------------------------
+
+    def evaluate(self, provider: Provider, max_attempts: int = 3) -> EvalResult:
+        """Generate and score every instance with `provider`, outside pytest."""
+        from pytest_evalreplay.execution import run_requests
+
+        requests = [self.request(inst) for inst in self.instances]
+        results = run_requests(self, provider, requests, max_attempts=max_attempts)
+        metrics, scores = aggregate(results)
+        errors: dict[str, str] = {}
+        for r in results:
+            if not r.ok and r.instance_id not in errors:
+                errors[r.instance_id] = r.error or "failed"
+        return EvalResult(
+            task=self.name, metrics=metrics, scores=scores, errors=errors, rollouts=tuple(results)
+        )
+
+
+def _as_float(value: Any, task: str, key: Any) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        import numpy as np
+
+        if isinstance(value, np.generic):
+            return float(value)
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    raise EvalReplayError(
+        f"task {task!r}: scorer returned {type(value).__name__} for {key!r}; "
+        "return a float, a bool, or a dict of floats"
+    )
