@@ -33,10 +33,11 @@ def normalize(text: str) -> str:
 
 
 def _extract(text: str, pattern: str | None) -> str | None:
-    """The answer span: the first group of the last match of `pattern`."""
+    """The answer span: the first group of the last match of `pattern` (add `(?s)`
+    to the pattern to let `.` cross lines)."""
     if pattern is None:
         return text
-    matches = list(re.finditer(pattern, text, flags=re.DOTALL))
+    matches = list(re.finditer(pattern, text))
     if not matches:
         return None
     last = matches[-1]

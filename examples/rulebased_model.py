@@ -1,0 +1,70 @@
+"""A tiny deterministic rule-based "model" so the example suite runs anywhere
+in seconds, with no GPU, no network and no weights.
+
+It is not a language model: it answers arithmetic with a regex and a small
+calculator (and, on purpose, gets multiplication wrong by adding instead) and
+capitals from a lookup table that lacks a few countries. Every answer comes
+after a short `<think>` block, so the suite shows the reasoning strip. The
+saved run in `saved_run/` was produced by this model, and replaying it must
+give the same metrics as running it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pytest_evalreplay import Generation, GenerationError, Request
+
+_ARITH = re.compile(r"What is (-?\d+) ([-+*]) (-?\d+)\?")
+_CAPITAL = re.compile(r"capital of (\w+)")
+_KNOWN_CAPITALS = {
+    "France": "Paris",
+    "Japan": "Tokyo",
+    "Kenya": "Nairobi",
+    "Peru": "Lima",
+    "Canada": "Toronto",  # a classic mistake, kept on purpose
+    "Egypt": "Cairo",
+    "Norway": "Oslo",
+}
+
+
+def answer(prompt: str) -> str:
+    if m := _ARITH.search(prompt):
+        a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+        value = a - b if op == "-" else a + b  # "*" is answered as "+": a known bug
+        return f"<think>{a} {op} {b}, carefully.</think>The answer is {value}."
+    if m := _CAPITAL.search(prompt):
+        capital = _KNOWN_CAPITALS.get(m.group(1))
+        if capital is None:
+            return "<think>I do not remember this one.</think>Answer: unknown"
+        return f"<think>Recalling the atlas.</think>Answer: {capital}"
+    return "I cannot answer that."
+
+
+class RuleBasedModel:
+    """A provider: one generation per requested rollout, identical across samples."""
+
+    kind = "rulebased"
+    model = "rulebased-v1"
+    batch_size = None
+
+    def generate(self, requests: list[Request]) -> list[list[Generation] | GenerationError]:
+        out: list[list[Generation] | GenerationError] = []
+        for request in requests:
+            if not isinstance(request.context, str):
+                out.append(GenerationError("the rule-based model reads text prompts only"))
+                continue
+            text = answer(request.context)
+            prompt_tokens = len(request.context.split())
+            out.append(
+                [
+                    Generation(
+                        text=text,
+                        finish_reason="stop",
+                        prompt_tokens=prompt_tokens,
+                        completion_tokens=len(text.split()),
+                    )
+                    for _ in request.rollouts
+                ]
+            )
+        return out

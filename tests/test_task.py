@@ -1,0 +1,133 @@
+"""EvalTask without pytest: instances, prompts, scoring and evaluate()."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_evalreplay import EvalReplayError, EvalTask, Generation, GenerationError, scorers
+
+
+class Echo:
+    """Answers each prompt with the prompt itself."""
+
+    kind = "echo"
+    model = "echo"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def generate(self, requests):
+        self.calls += 1
+        return [[Generation(text=str(r.context)) for _ in r.rollouts] for r in requests]
+
+
+def test_evaluate_scores_every_instance_with_one_call():
+    task = EvalTask(
+        "t",
+        [{"id": "a", "x": "yes"}, {"id": "b", "x": "no"}],
+        prompt="{x}",
+        scorer=lambda text, inst: text == "yes",
+    )
+    provider = Echo()
+    result = task.evaluate(provider)
+    assert provider.calls == 1
+    assert result.metrics == {"score": 0.5}
+    assert result.scores == {"a": {"score": 1.0}, "b": {"score": 0.0}}
+    assert result.errors == {}
+
+
+def test_dict_scores_and_named_functions():
+    def quality(text, inst):
+        return {"length": len(text), "exact": text == "hi"}
+
+    result = EvalTask("t", [{"id": "a"}], prompt="hi", scorer=quality).evaluate(Echo())
+    assert result.metrics == {"exact": 1.0, "length": 2.0}
+
+
+def test_builtin_scorer_by_name_uses_the_target_field():
+    task = EvalTask(
+        "t", [{"id": "a", "gold": "42"}], prompt="it is 42", scorer="numeric_match", target="gold"
+    )
+    assert task.evaluate(Echo()).metrics == {"numeric_match": 1.0}
+
+
+def test_missing_target_field_names_the_fix():
+    task = EvalTask("t", [{"id": "a"}], prompt="x", scorer=scorers.contains())
+    result = task.evaluate(Echo())
+    assert "set EvalTask(target=...)" in result.errors["a"]
+    assert result.metrics == {}
+
+
+def test_errors_are_reported_not_scored_zero():
+    class Failing:
+        def generate(self, requests):
+            return [GenerationError("boom") for _ in requests]
+
+    result = EvalTask("t", [{"id": "a"}], prompt="x", scorer="contains").evaluate(Failing())
+    assert result.errors == {"a": "boom"}
+    assert result.metrics == {}
+
+
+def test_chat_prompt_callable_and_strip_reasoning():
+    def chat(inst):
+        return [{"role": "user", "content": inst["q"]}]
+
+    class Thinker:
+        def generate(self, requests):
+            return [[Generation(text="<think>...</think>Paris")] for _ in requests]
+
+    task = EvalTask(
+        "t",
+        [{"id": "a", "q": "capital?", "target": "Paris"}],
+        prompt=chat,
+        scorer="exact_match",
+        strip_reasoning=True,
+    )
+    assert task.request(task.instances[0]).context == [{"role": "user", "content": "capital?"}]
+    result = task.evaluate(Thinker())
+    assert result.metrics == {"exact_match": 1.0}
+    gen = result.rollouts[0].generation
+    assert (gen.text, gen.original_text) == ("Paris", "<think>...</think>Paris")
+
+
+@pytest.mark.parametrize(
+    ("instances", "message"),
+    [
+        ([{"x": 1}], "needs a non-empty string 'id'"),
+        ([{"id": "a"}, {"id": "a"}], "duplicate instance id 'a'"),
+        ([{"id": "a::b"}], "may not contain '::'"),
+        (["not a dict"], "must be a JSON object"),
+    ],
+)
+def test_bad_instances(instances, message):
+    with pytest.raises(EvalReplayError, match=message):
+        EvalTask("t", instances, prompt="x", scorer="contains")
+
+
+def test_integer_ids_become_strings():
+    assert EvalTask("t", [{"id": 7}], prompt="x", scorer="contains").instances[0]["id"] == "7"
+
+
+def test_unknown_builtin_and_bad_num_samples():
+    with pytest.raises(EvalReplayError, match="unknown scorer 'nope'"):
+        EvalTask("t", [{"id": "a"}], prompt="x", scorer="nope")
+    with pytest.raises(EvalReplayError, match="num_samples"):
+        EvalTask("t", [{"id": "a"}], prompt="x", scorer="contains", num_samples=0)
+
+
+def test_template_field_missing_names_instance():
+    task = EvalTask("t", [{"id": "a"}], prompt="{question}", scorer="contains")
+    with pytest.raises(EvalReplayError, match=r"needs field 'question'.*'a'"):
+        task.request(task.instances[0])
+
+
+def test_config_changes_with_callable_source():
+    def s1(text, inst):
+        return 1.0
+
+    def s2(text, inst):
+        return 0.0
+
+    a = EvalTask("t", [{"id": "a"}], prompt="x", scorer=s1).config()
+    b = EvalTask("t", [{"id": "a"}], prompt="x", scorer=s2).config()
+    assert a["scorer"] != b["scorer"] and a["instances"] == b["instances"]
