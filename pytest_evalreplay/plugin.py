@@ -65,6 +65,14 @@ def pytest_configure_node(node: Any) -> None:
     node.workerinput["evalreplay_run_id"] = node.config.stash[SESSION_KEY].run_id
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist: schedule each task's items to one worker (see distributed.py)."""
+    from pytest_evalreplay.distributed import make_scheduler
+
+    return make_scheduler(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
     if isinstance(obj, EvalTask):

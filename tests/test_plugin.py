@@ -301,3 +301,26 @@ def test_malformed_instances_file_names_file_and_line(pytester, project):
     )
     result = run(pytester)
     result.stdout.fnmatch_lines(["*qs.jsonl:2: malformed JSON*"])
+
+
+def test_xdist_keeps_each_task_on_one_worker(pytester, project):
+    pytest.importorskip("xdist")
+    pytester.makepyfile(
+        test_more="from pytest_evalreplay import EvalTask\n"
+        "other = EvalTask('other', [{'id': f'o{i}'} for i in range(6)], prompt='{id}', scorer='contains',\n"
+        "                 target='id')\n"
+        "def test_a():\n    pass\n"
+        "def test_b():\n    pass\n"
+    )
+    project(n=6, samples=2)
+    # pytest-benchmark, where installed, warns under xdist; this test is about our warnings.
+    result = run(pytester, "-n", "2", "-p", "no:benchmark")
+    result.assert_outcomes(passed=20)
+    requested = sorted(i for call in project.calls() for i, _ in call)
+    assert requested == sorted([f"q{i:04d}" for i in range(6)] + [f"o{i}" for i in range(6)])
+    assert len(project.calls()) == 2
+    result.stdout.fnmatch_lines(
+        ["*other: 6 instances, 6 items, 0 failed*", "*qa: 6 instances, 12 items, 0 failed*"]
+    )
+    journal = (project.out / "qa-journal.jsonl").read_bytes().splitlines()
+    assert len(journal) == 1 + 6 + 12  # header, request rows, done rows: nothing twice
