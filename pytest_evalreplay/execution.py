@@ -39,6 +39,7 @@ class AttemptFailure:
 
 RequestKey = tuple[int, str]  # (stage, instance_id)
 OnFailure = Callable[[AttemptFailure], None]
+OnRound = Callable[[], None]
 
 
 def request_key(request: Request) -> RequestKey:
@@ -82,10 +83,15 @@ def generate_with_retries(
     max_attempts: int,
     prior_attempts: Mapping[RequestKey, int] | None = None,
     on_failure: OnFailure | None = None,
+    after_round: OnRound | None = None,
 ) -> list[GenerateResult]:
     """Generate, trying retryable failures again until `max_attempts` in all
     (attempts made by earlier runs count). Interrupts propagate untouched so
-    that a killed run records nothing for the requests in flight."""
+    that a killed run records nothing for the requests in flight.
+
+    `after_round` runs after each provider call that had failures, before any
+    retry: the session makes the attempts durable there, so a run killed
+    mid-retry still counts them against the cap."""
     attempts = {request_key(r): (prior_attempts or {}).get(request_key(r), 0) for r in requests}
     final: list[GenerateResult | None] = [None] * len(requests)
     pending = list(range(len(requests)))
@@ -117,6 +123,8 @@ def generate_with_retries(
                 still.append(i)
             else:
                 final[i] = res
+        if after_round is not None and any(isinstance(r, GenerationError) for r in results):
+            after_round()
         pending = still
     return [r for r in final if r is not None]
 
@@ -158,6 +166,7 @@ def run_requests(
     max_attempts: int = 3,
     prior_attempts: Mapping[RequestKey, int] | None = None,
     on_failure: OnFailure | None = None,
+    after_round: OnRound | None = None,
 ) -> list[RolloutResult]:
-    results = generate_with_retries(provider, requests, max_attempts, prior_attempts, on_failure)
+    results = generate_with_retries(provider, requests, max_attempts, prior_attempts, on_failure, after_round)
     return [rr for req, res in zip(requests, results, strict=True) for rr in score_request(task, req, res)]

@@ -15,34 +15,43 @@ import orjson
 _OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 
 
+def _default(value: Any) -> Any:
+    """Sets in sorted order (their iteration order varies between processes); else the repr."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=_bytes)
+    return repr(value)
+
+
+def _bytes(value: Any) -> bytes:
+    return orjson.dumps(value, option=_OPTS, default=_default)
+
+
 def canonical(config: Mapping[str, Any]) -> Any:
     """The config as it reads back from JSON, so stored and fresh configs compare equal."""
-    return orjson.loads(orjson.dumps(config, option=_OPTS, default=repr))
+    return orjson.loads(_bytes(config))
 
 
 def fingerprint(config: Mapping[str, Any]) -> str:
     """sha256 over canonical (sorted-key) orjson bytes."""
-    return hashlib.sha256(orjson.dumps(config, option=_OPTS, default=repr)).hexdigest()
+    return hashlib.sha256(_bytes(config)).hexdigest()
 
 
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(value, Mapping) and value:
-        for key, sub in value.items():
-            _flatten(sub, f"{prefix}.{key}" if prefix else str(key), out)
-    else:
-        out[prefix] = value
+def _diff(old: Any, new: Any, path: tuple[str, ...], out: list[str]) -> None:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in old.keys() | new.keys():
+            if key not in old or key not in new:
+                out.append(".".join((*path, key)))
+            else:
+                _diff(old[key], new[key], (*path, key), out)
+    elif _bytes(old) != _bytes(new):  # by bytes, as the fingerprint sees them (1 != 1.0)
+        out.append(".".join(path))
 
 
 def changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """Dotted paths whose values differ (added and removed keys included)."""
-    a: dict[str, Any] = {}
-    b: dict[str, Any] = {}
-    _flatten(canonical(old), "", a)
-    _flatten(canonical(new), "", b)
-    return sorted(k for k in a.keys() | b.keys() if a.get(k, _MISSING) != b.get(k, _MISSING))
-
-
-_MISSING = object()
+    """Dotted paths of the leaves (or added and removed keys) whose values differ."""
+    out: list[str] = []
+    _diff(canonical(old), canonical(new), (), out)
+    return sorted(out)
 
 
 def describe_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:

@@ -68,8 +68,20 @@ class JournalState:
                 out[(stage, iid)] = max(out.get((stage, iid), 0), failure.attempts)
         return out
 
-    def final_failures(self) -> dict[RolloutKey, Failure]:
-        return {k: f for k, f in self.failures.items() if f.final and k not in self.done}
+    def final_failures(self, max_attempts: int | None = None) -> dict[RolloutKey, Failure]:
+        """Failed rollouts not to try again. Given this run's `max_attempts`, a
+        retryable failure is final by its attempt count rather than by the cap
+        it was recorded under, so raising the cap retries it."""
+        return {
+            k: f
+            for k, f in self.failures.items()
+            if k not in self.done
+            and (
+                f.attempts >= max_attempts
+                if max_attempts is not None and f.failure_class == "retryable"
+                else f.final
+            )
+        }
 
 
 def journal_path(directory: Path, task: str) -> Path:
@@ -128,9 +140,10 @@ def read(directory: Path, task: str) -> JournalState:
         where = f"{path}:{lineno}"
         kind = _need(row, where, type=str)["type"]
         if kind == "header":
-            if row.get("format") != FORMAT:
-                raise EvalReplayError(f"{where}: not an {FORMAT} journal; delete it to start fresh")
-            state.header = row
+            if row.get("format") != FORMAT or state.header is not None:
+                what = "a second header" if state.header is not None else f"not an {FORMAT} journal"
+                raise EvalReplayError(f"{where}: {what}; delete the file to start this task fresh")
+            state.header = _need(row, where, fingerprint=str, config=dict)
         elif kind == "request":
             _need(row, where, stage=int, instance_id=str, request=dict)
             state.requests[(row["stage"], row["instance_id"])] = row["request"]
@@ -143,7 +156,7 @@ def read(directory: Path, task: str) -> JournalState:
                 instance_id=key[1],
                 rollout=key[2],
                 generation=Generation.from_row(row["generation"], where),
-                scores={str(k): float(v) for k, v in row["scores"].items()},
+                scores=_scores(row["scores"], where),
             )
             state.models[key] = row.get("model")
         else:
@@ -156,14 +169,22 @@ def read(directory: Path, task: str) -> JournalState:
         _need(
             row, where, stage=int, instance_id=str, rollouts=list, attempt=int, failure_class=str, message=str
         )
+        if not all(isinstance(r, int) and not isinstance(r, bool) for r in row["rollouts"]):
+            raise EvalReplayError(f"{where}: 'rollouts' must be a list of integers; run without --resume")
         for rollout in row["rollouts"]:
-            state.failures[(row["stage"], row["instance_id"], int(rollout))] = Failure(
+            state.failures[(row["stage"], row["instance_id"], rollout)] = Failure(
                 attempts=row["attempt"],
                 message=row["message"],
                 failure_class=row["failure_class"],
                 final=bool(row.get("final")),
             )
     return state
+
+
+def _scores(scores: dict[str, Any], where: str) -> dict[str, float]:
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values()):
+        raise EvalReplayError(f"{where}: 'scores' must map names to numbers; run without --resume")
+    return {str(k): float(v) for k, v in scores.items()}
 
 
 def staleness(state: JournalState, fingerprint: str, config: Mapping[str, Any]) -> str | None:
@@ -177,28 +198,25 @@ def staleness(state: JournalState, fingerprint: str, config: Mapping[str, Any]) 
 
 
 def _append(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Append rows, first cutting a half-written last line (a writer died
+    mid-write: an xdist worker, or an earlier run), so rows never run together."""
     blob = b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows)
     if not blob:
         return
-    with path.open("ab") as fh:
+    with path.open("a+b") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        if end:
+            fh.seek(end - 1)
+            if fh.read(1) != b"\n":
+                fh.seek(0)
+                fh.truncate(fh.read().rfind(b"\n") + 1)
         fh.write(blob)
         fh.flush()
         os.fsync(fh.fileno())
 
 
-def _drop_torn_tail(path: Path) -> None:
-    """Cut a crash's half-written last line so the next append starts clean."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return
-    if data and not data.endswith(b"\n"):
-        with path.open("r+b") as fh:
-            fh.truncate(data.rfind(b"\n") + 1)
-
-
 class JournalWriter:
-    """Appends one task's rows; opened lazily by the first batch of a run.
+    """Appends one task's rows; opened by the first generation of a run.
 
     Opening decides, under the lock, whether to keep what the files hold
     (same run id: another xdist worker of this run; or a resume with an equal
@@ -221,6 +239,7 @@ class JournalWriter:
         self.run_id = run_id
         self.resume = resume
         self.opened = False
+        self.fresh = False
 
     @property
     def path(self) -> Path:
@@ -233,10 +252,8 @@ class JournalWriter:
             header.get("run_id") == self.run_id
             or (self.resume and header.get("fingerprint") == self.fingerprint)
         )
-        if keep:
-            _drop_torn_tail(self.path)
-            _drop_torn_tail(failures_path(self.directory, self.task))
-        else:
+        self.fresh = not keep
+        if not keep:
             failures_path(self.directory, self.task).unlink(missing_ok=True)
             tmp = self.path.with_suffix(".tmp")
             tmp.write_bytes(orjson.dumps(self._new_header(), option=orjson.OPT_APPEND_NEWLINE))
@@ -274,8 +291,9 @@ class JournalWriter:
             _append(self.path, done)
             _append(failures_path(self.directory, self.task), failures)
 
-    def reset(self) -> None:
-        """Start the task's journal fresh now (a non-resumed run that will write)."""
+    def open(self) -> None:
+        """Open now, before the first generation, so a bare run clears a stale
+        journal even if it dies before its first row (`fresh` says which way)."""
         with _lock(self.directory, self.task):
             if not self.opened:
                 self._open()

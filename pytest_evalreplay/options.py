@@ -33,7 +33,6 @@ class Settings:
     report: Path | None = None
     resume: bool = False
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    failure_budget: float = 0.0
     batch_size: int | None = None
     quiet: bool = False
 
@@ -83,12 +82,6 @@ _OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         "string",
         f"attempts per item before a retryable failure is final (default {DEFAULT_MAX_ATTEMPTS})",
         {"metavar": "N"},
-    ),
-    (
-        "failure-budget",
-        "string",
-        "fraction of items allowed to fail before a task's gate fails (default 0)",
-        {"metavar": "F"},
     ),
     (
         "batch-size",
@@ -181,9 +174,6 @@ def resolve(config: pytest.Config) -> Settings:
         p = Path(raw).expanduser()
         return p if p.is_absolute() else Path(config.invocation_params.dir) / p
 
-    budget = _number(config, "failure-budget", float, 0.0, 0.0)
-    if budget > 1:
-        raise pytest.UsageError(f"--evalreplay-failure-budget must be a fraction in [0, 1], got {budget}")
     try:
         engine_args = parse_engine_args(_raw(config, "engine-arg") or [])
     except EvalReplayError as exc:
@@ -199,7 +189,6 @@ def resolve(config: pytest.Config) -> Settings:
         report=path("report"),
         resume=bool(config.getoption("evalreplay_resume") or config.getini("evalreplay_resume")),
         max_attempts=_number(config, "max-attempts", int, 1, DEFAULT_MAX_ATTEMPTS),
-        failure_budget=budget,
         batch_size=_number(config, "batch-size", int, 1, None),
         quiet=config.getoption("verbose") < 0,
     )

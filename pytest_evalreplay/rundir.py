@@ -90,6 +90,14 @@ def append(
                     fh.write(blob)
 
 
+def clear_task(directory: Path, task: str) -> None:
+    """Drop a task's files when its journal starts fresh, so rows appended by
+    an earlier run never mix with this run's."""
+    with _lock(directory):
+        for path in task_files(directory, task).values():
+            path.unlink(missing_ok=True)
+
+
 def finalize(
     directory: Path,
     task: str,

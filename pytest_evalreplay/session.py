@@ -157,7 +157,8 @@ class EvalSession:
                 self.notes.append(f"{run.task.name}: reused {len(run.reused)} item(s) from the journal")
 
     def _new_run(self, task: EvalTask) -> TaskRun:
-        config = {"task": task.config(), "provider": self.provider_config()}
+        # Flat, so a change reads as "config changed: sampling.temperature".
+        config = {**task.config(), "provider": self.provider_config()}
         fp = fingerprint(config)
         writer = JournalWriter(self.output, task.name, fp, config, self.run_id, self.settings.resume)
         run = TaskRun(task=task, config=config, fingerprint=fp, writer=writer)
@@ -166,7 +167,7 @@ class EvalSession:
             reason = journal.staleness(state, fp, config)
             if reason is None:
                 run.prior = state
-                run.prior_final = state.final_failures()
+                run.prior_final = state.final_failures(self.settings.max_attempts)
             elif state.header is not None:
                 message = f"evalreplay: {task.name}: starting fresh ({reason})"
                 self.notify(message)
@@ -201,9 +202,17 @@ class EvalSession:
             size = self.settings.batch_size or getattr(self.provider, "batch_size", None) or len(requests)
             run.chunks = [requests[i : i + size] for i in range(0, len(requests), size)]
             run.chunk_of = {(r.stage, r.instance_id): n for n, chunk in enumerate(run.chunks) for r in chunk}
+        if not run.writer.opened:
+            run.writer.open()
+            if run.writer.fresh:
+                rundir.clear_task(self.output, run.task.name)
         index = run.chunk_of[request_key]
         chunk = run.chunks[index]
         failures: list[dict[str, Any]] = []
+
+        def flush_failures() -> None:
+            run.writer.write(failures=failures)
+            failures.clear()
 
         def on_failure(f: AttemptFailure) -> None:
             failures.append(
@@ -227,6 +236,7 @@ class EvalSession:
             self.settings.max_attempts,
             run.prior.attempts(),
             on_failure,
+            flush_failures,
         )
         elapsed = time.perf_counter() - started
         self._persist(run, chunk, results, failures)
@@ -281,7 +291,7 @@ class EvalSession:
         """Rewrite each touched task's run dir files from its journal; write the manifest."""
         docs: list[dict[str, Any]] = []
         for name, run in self.runs.items():
-            if not (run.writer.opened or run.reused):
+            if not (run.writer.opened or run.reused or run.prior_failed):
                 continue
             state = journal.read(self.output, name)
             order = [inst["id"] for inst in run.task.instances]
