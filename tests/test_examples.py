@@ -1,0 +1,45 @@
+"""The example suite: it runs on its rule-based model, and replaying its
+saved run gives the metrics that run produced."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import orjson
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TASKS = ("arithmetic", "capitals")
+
+
+@pytest.fixture
+def examples(pytester: pytest.Pytester) -> Path:
+    shutil.copytree(EXAMPLES, pytester.path, dirs_exist_ok=True)
+    return pytester.path
+
+
+def metrics(run_dir: Path, task: str) -> dict:
+    doc = orjson.loads((run_dir / f"{task}-metrics.json").read_bytes())
+    return {k: doc[k] for k in ("metrics", "num_instances", "num_items", "num_failed")}
+
+
+def test_example_suite_runs_on_the_rule_based_model(pytester, examples):
+    result = pytester.runpytest("--evalreplay-output=fresh")
+    result.assert_outcomes(passed=35)
+    for task in TASKS:
+        assert metrics(examples / "fresh", task) == metrics(EXAMPLES / "saved_run", task)
+
+
+def test_replaying_the_saved_run_gives_the_same_metrics(pytester, examples):
+    result = pytester.runpytest(
+        "--evalreplay-predictions=saved_run", "--evalreplay-output=replayed", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(passed=35)
+    result.stdout.fnmatch_lines(["*arithmetic: 12 instances, 24 items, 0 failed*numeric_match=0.6667*"])
+    for task in TASKS:
+        assert metrics(examples / "replayed", task) == metrics(EXAMPLES / "saved_run", task)
+    saved = (EXAMPLES / "saved_run" / "capitals-predictions.jsonl").read_bytes()
+    replayed = (examples / "replayed" / "capitals-predictions.jsonl").read_bytes()
+    strip = lambda blob: [{**orjson.loads(x), "model": None} for x in blob.splitlines()]  # noqa: E731
+    assert strip(replayed) == strip(saved)
