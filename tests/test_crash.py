@@ -1,0 +1,224 @@
+"""Crash safety: runs killed with SIGKILL (and SIGTERM) at several points,
+then resumed, end with the run dir of an uninterrupted run, and never ask
+the provider again for a rollout that was already saved.
+
+Each run is a real `python -m pytest` process (a signal to an in-process
+pytester run would kill the test session too). The project's conftest kills
+its own process when an environment variable says so: at the Nth provider
+call, while appending the Nth journal batch (leaving half a row), or at the
+Nth atomic run dir write (after it, or leaving half a temp file).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+CONFTEST = """
+import os, signal, orjson
+from pytest_evalreplay import Generation, GenerationError, journal, rundir
+
+def env(name):
+    return int(os.environ.get(name, "0"))
+
+def die():
+    os.kill(os.getpid(), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
+
+class Counting:
+    kind, model, batch_size = "counting", "m1", None
+    calls = 0
+
+    def generate(self, requests):
+        Counting.calls += 1
+        with open(os.environ["CALL_LOG"], "ab") as fh:
+            fh.write(orjson.dumps([[r.task, r.instance_id, list(r.rollouts)] for r in requests]) + b"\\n")
+        if Counting.calls == env("KILL_AT_CALL"):
+            die()
+        return [
+            GenerationError("context too long", retryable=False) if r.instance_id.startswith("bad")
+            else [Generation(text=f"{r.task} {r.instance_id} {k}", finish_reason="stop",
+                             prompt_tokens=len(r.context), completion_tokens=k + 1) for k in r.rollouts]
+            for r in requests
+        ]
+
+def pytest_evalreplay_make_provider(config, kind):
+    return Counting() if kind == "counting" else None
+
+_append, appends = journal._append, 0
+
+def append(path, rows):
+    global appends
+    rows = list(rows)
+    appends += bool(rows)
+    if rows and appends == env("KILL_AT_APPEND"):
+        blob = b"".join(orjson.dumps(r) + b"\\n" for r in rows)
+        with open(path, "ab") as fh:
+            fh.write(blob[: len(blob) // 2])
+        die()
+    _append(path, rows)
+
+journal._append = append
+
+_write, writes = rundir._atomic_write, 0
+
+def atomic_write(path, data):
+    global writes
+    writes += 1
+    if writes == env("KILL_AT_WRITE"):
+        if os.environ.get("TEAR"):
+            path.with_name(f".{path.name}.tmp").write_bytes(data[: len(data) // 2])
+        else:
+            _write(path, data)
+        die()
+    _write(path, data)
+
+rundir._atomic_write = atomic_write
+"""
+
+# Provider calls with --evalreplay-batch-size=2, in order:
+#   1 doomed (bad0: terminal error)   2 alpha q0,q1   3 alpha q2,q3   4 alpha bad1 (terminal)
+#   5 beta r0,r1   6 beta r2
+# Run dir writes at the end: doomed 1-3, alpha 4-6, beta 7-9 (requests, predictions,
+# metrics), manifest 10.
+EVALS = """
+from pytest_evalreplay import EvalTask
+
+def score(text, instance):
+    return {"acc": float(text.endswith(" 0")), "len": float(len(text))}
+
+doomed = EvalTask("doomed", [{"id": "bad0"}], prompt="D {id}", scorer=score)
+alpha = EvalTask("alpha", [{"id": f"q{i}"} for i in range(4)] + [{"id": "bad1"}],
+                 prompt="A {id}", scorer=score, num_samples=2)
+beta = EvalTask("beta", [{"id": f"r{i}"} for i in range(3)], prompt="B {id}", scorer=score,
+                sampling={"temperature": 0.5})
+"""
+
+TASKS = ("doomed", "alpha", "beta")
+RUN_DIR_FILES = ["manifest.json"] + [
+    f"{t}-{kind}" for t in TASKS for kind in ("requests.jsonl", "predictions.jsonl", "metrics.json")
+]
+
+
+class Project:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "conftest.py").write_text(CONFTEST)
+        (path / "test_evals.py").write_text(EVALS)
+        self.log = path / "calls.jsonl"
+        self.out = path / "out"
+
+    def run(self, *args: str, **kill: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KILL_", "TEAR", "PYTEST_ADDOPTS"))}
+        env.update(kill, CALL_LOG=str(self.log), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+        cmd = [sys.executable, "-m", "pytest", "-p", "pytest_evalreplay.plugin", "-p", "no:cacheprovider"]
+        cmd += ["--evalreplay-provider=counting", f"--evalreplay-output={self.out}"]
+        cmd += ["--evalreplay-batch-size=2", "-q", "-rs", *args]
+        return subprocess.run(cmd, cwd=self.path, env=env, capture_output=True, text=True, timeout=120)
+
+    def asked(self) -> list[tuple[str, str, int]]:
+        if not self.log.exists():
+            return []
+        calls = [orjson.loads(line) for line in self.log.read_bytes().splitlines()]
+        return [(task, iid, r) for call in calls for task, iid, rollouts in call for r in rollouts]
+
+    def saved(self) -> set[tuple[str, str, int]]:
+        """Rollouts the journals hold as done or failed for good (a torn last line skipped)."""
+        out: set[tuple[str, str, int]] = set()
+        for task in TASKS:
+            for name in (f"{task}-journal.jsonl", f"{task}-failures.jsonl"):
+                path = self.out / name
+                for row in _rows(path) if path.exists() else []:
+                    if row.get("type") == "done":
+                        out.add((task, row["instance_id"], row["rollout"]))
+                    elif row.get("final"):
+                        out.update((task, row["instance_id"], r) for r in row["rollouts"])
+        return out
+
+    def failures(self, task: str) -> list[tuple[str, int, str, bool]]:
+        path = self.out / f"{task}-failures.jsonl"
+        rows = _rows(path) if path.exists() else []
+        return [(f["instance_id"], f["attempt"], f["failure_class"], f["final"]) for f in rows]
+
+    def done_rows(self, task: str) -> list[tuple[int, str, int]]:
+        rows = _rows(self.out / f"{task}-journal.jsonl")
+        return [(r["stage"], r["instance_id"], r["rollout"]) for r in rows if r["type"] == "done"]
+
+
+def _rows(path: Path) -> list[dict]:
+    data = path.read_bytes()
+    lines = data.splitlines()
+    if data and not data.endswith(b"\n"):
+        lines = lines[:-1]  # torn
+    return [orjson.loads(line) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Project:
+    project = Project(tmp_path_factory.mktemp("uninterrupted"))
+    result = project.run()
+    assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
+    assert "3 failed, 11 passed" in result.stdout
+    return project
+
+
+KILL, TERM = -9, -15  # a child's return code when a signal ended it
+
+# name -> the kill of each interrupted run, in order (then one clean --resume).
+SCENARIOS: dict[str, list[dict[str, str]]] = {
+    "before the first row": [{"KILL_AT_CALL": "1"}],
+    "between tasks, after a failure only": [{"KILL_AT_CALL": "2"}],
+    "mid-task": [{"KILL_AT_CALL": "3"}],
+    "between tasks": [{"KILL_AT_CALL": "5"}],
+    "mid-task by SIGTERM": [{"KILL_AT_CALL": "6", "KILL_SIGNAL": "SIGTERM"}],
+    "mid-write of a failure row": [{"KILL_AT_APPEND": "1"}],
+    "mid-write of a journal row": [{"KILL_AT_APPEND": "3"}],
+    "between run dir files": [{"KILL_AT_WRITE": "5"}],
+    "mid-write of a run dir file": [{"KILL_AT_WRITE": "8", "TEAR": "1"}],
+    "mid-write of the manifest": [{"KILL_AT_WRITE": "10", "TEAR": "1"}],
+    "twice: mid-task, then the resume mid-task": [{"KILL_AT_CALL": "3"}, {"KILL_AT_CALL": "2"}],
+}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_a_killed_run_resumes_to_the_uninterrupted_run_dir(tmp_path, uninterrupted, name):
+    project = Project(tmp_path)
+    for n, kill in enumerate(SCENARIOS[name]):
+        saved, asked = project.saved(), len(project.asked())
+        result = project.run(*(["--resume"] if n else []), **kill)
+        signal = TERM if kill.get("KILL_SIGNAL") == "SIGTERM" else KILL
+        assert result.returncode == signal, result.stdout + result.stderr
+        assert not saved & set(project.asked()[asked:]), "asked again for a saved rollout"
+
+    saved, asked = project.saved(), len(project.asked())
+    result = project.run("--resume")
+    assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
+    resumed = project.asked()[asked:]
+    assert not saved & set(resumed), "asked again for a saved rollout"
+    assert len(resumed) == len(set(resumed))
+    # Everything the uninterrupted run asked for was asked for at least once.
+    assert set(project.asked()) == set(uninterrupted.asked())
+
+    for file in RUN_DIR_FILES:
+        assert (project.out / file).read_bytes() == (uninterrupted.out / file).read_bytes(), file
+    assert not list(project.out.glob("*.tmp")) and not list(project.out.glob(".*.tmp"))
+    for task in TASKS:
+        rows = project.done_rows(task)
+        assert len(rows) == len(set(rows)), f"duplicate done rows in {task}"
+        assert sorted(rows) == sorted(uninterrupted.done_rows(task))
+        assert project.failures(task) == uninterrupted.failures(task)
+
+
+def test_the_uninterrupted_run_dir_is_what_the_kills_are_compared_with(uninterrupted):
+    metrics = orjson.loads((uninterrupted.out / "alpha-metrics.json").read_bytes())
+    assert metrics["metrics"]["acc"] == 0.5
+    assert (metrics["num_items"], metrics["num_failed"]) == (10, 2)
+    assert orjson.loads((uninterrupted.out / "doomed-metrics.json").read_bytes())["failed"] == ["bad0[s1-r0]"]
+    manifest = orjson.loads((uninterrupted.out / "manifest.json").read_bytes())
+    assert manifest["tasks"] == ["alpha", "beta", "doomed"]
+    assert len(uninterrupted.asked()) == len(set(uninterrupted.asked())) == 1 + 10 + 3

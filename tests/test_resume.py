@@ -1,0 +1,422 @@
+"""--resume as pytest users meet it: the config fingerprint, reuse, fresh
+starts, and failures across runs. Each test builds a small project with
+`pytester`; the provider logs every call to a file, so calls are counted
+across runs (and across processes, where a test needs a real interrupt)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import orjson
+import pytest
+
+# A provider that answers "answer <id>" and logs each generate() call as one
+# JSON line of [instance_id, rollouts] pairs. Instance ids steer failures:
+#   bad*    -> terminal error ("context too long"), every time
+#   flaky*  -> retryable error for its first $FLAKY_FAILS attempts (counted in a file)
+#   stop*   -> KeyboardInterrupt, while $INTERRUPT is set
+# The provider's kind is the one asked for, its model --evalreplay-model.
+CONFTEST = """
+import os
+import orjson
+import pytest
+from pytest_evalreplay import Generation, GenerationError
+
+class Counting:
+    batch_size = None
+
+    def __init__(self, kind, model):
+        self.kind, self.model = kind, model
+
+    def generate(self, requests):
+        with open(os.environ["CALL_LOG"], "ab") as fh:
+            fh.write(orjson.dumps([[r.instance_id, list(r.rollouts)] for r in requests]) + b"\\n")
+        out = []
+        for r in requests:
+            if r.instance_id.startswith("stop") and os.environ.get("INTERRUPT"):
+                raise KeyboardInterrupt
+            if r.instance_id.startswith("bad"):
+                out.append(GenerationError("context too long", retryable=False))
+                continue
+            if r.instance_id.startswith("flaky"):
+                counter = os.environ["CALL_LOG"] + "." + r.instance_id
+                n = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
+                open(counter, "w").write(str(n))
+                if n <= int(os.environ.get("FLAKY_FAILS", "0")):
+                    out.append(GenerationError(f"503 from server (call {n})", retryable=True))
+                    continue
+            out.append([Generation(text=f"answer {r.instance_id}", finish_reason="stop") for _ in r.rollouts])
+        return out
+
+def pytest_evalreplay_make_provider(config, kind):
+    if kind in ("counting", "counting2"):
+        return Counting(kind, config.getoption("evalreplay_model") or "m1")
+    return None
+
+def pytest_collection_modifyitems(items):
+    if os.environ.get("REVERSE_ITEMS"):
+        items.reverse()
+"""
+
+EVALS = """
+from pytest_evalreplay import EvalTask, scorers
+
+def ask(instance):
+    return {ask_body}
+
+def judge(text, instance):
+    return {judge_body}
+
+t = EvalTask(
+    "t",
+    {instances},
+    prompt={prompt},
+    scorer={scorer},
+    target={target},
+    system_prompt={system_prompt},
+    num_samples={num_samples},
+    sampling={sampling},
+    strip_reasoning={strip_reasoning},
+)
+"""
+
+BASE = {
+    "instances": '[{"id": "alpha", "gold": "answer alpha", "alt": "x"}, '
+    '{"id": "beta", "gold": "no", "alt": "y"}]',
+    "prompt": '"Question {id}"',
+    "ask_body": '"Question " + instance["id"]',
+    "judge_body": 'float(text.endswith(instance["id"]))',
+    "scorer": '"exact_match"',
+    "target": '"gold"',
+    "system_prompt": "None",
+    "num_samples": "2",
+    "sampling": '{"temperature": 0.0, "max_tokens": 16}',
+    "strip_reasoning": "False",
+}
+ITEMS = 4  # 2 instances x 2 samples
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    # Tests here rewrite test_evals.py between runs: with bytecode caching off,
+    # a same-size edit within the same second can never be served a stale .pyc.
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    log = pytester.path / "calls.jsonl"
+    monkeypatch.setenv("CALL_LOG", str(log))
+    pytester.makeconftest(CONFTEST)
+    # pytest-benchmark, where installed, warns in these inner runs when the suite runs under xdist.
+    pytester.makeini("[pytest]\nevalreplay_provider = counting\naddopts = -p no:benchmark -p no:randomly\n")
+
+    def make(source: str | None = None, **fields: str) -> None:
+        pytester.makepyfile(test_evals=source or EVALS.format(**{**BASE, **fields}))
+
+    def calls() -> list[list[list]]:
+        return [orjson.loads(line) for line in log.read_bytes().splitlines()] if log.exists() else []
+
+    def asked() -> list[tuple[str, int]]:
+        return [(iid, r) for call in calls() for iid, rollouts in call for r in rollouts]
+
+    def rows(name: str, out: str = "run") -> list[dict]:
+        path = pytester.path / out / name
+        return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+
+    def metrics(out: str = "run") -> dict:
+        return orjson.loads((pytester.path / out / "t-metrics.json").read_bytes())
+
+    make.calls, make.asked, make.rows, make.metrics = calls, asked, rows, metrics
+    return make
+
+
+def run(pytester: pytest.Pytester, *args: str, out: str = "run", **kwargs: bool) -> pytest.RunResult:
+    return pytester.runpytest(f"--evalreplay-output={out}", *args, **kwargs)
+
+
+# -- the fingerprint: one test per field ------------------------------------------
+
+CHANGES = {
+    "instances": ({}, {"instances": BASE["instances"].replace('"no"', '"answer beta"')}, ()),
+    "prompt": ({}, {"prompt": '"Q: {id}"'}, ()),
+    "prompt.source_sha256": (
+        {"prompt": "ask"},
+        {"prompt": "ask", "ask_body": '"Q: " + instance["id"]'},
+        (),
+    ),
+    "system_prompt": ({}, {"system_prompt": '"Answer briefly."'}, ()),
+    "scorer.normalize": ({}, {"scorer": "scorers.exact_match(normalize=False)"}, ()),
+    "scorer.source_sha256": (
+        {"scorer": "judge"},
+        {"scorer": "judge", "judge_body": 'float(text.startswith("answer"))'},
+        (),
+    ),
+    "target": ({}, {"target": '"alt"'}, ()),
+    "num_samples": ({}, {"num_samples": "3"}, ()),
+    "sampling.temperature": ({}, {"sampling": '{"temperature": 0.7, "max_tokens": 16}'}, ()),
+    "sampling.top_p": ({}, {"sampling": '{"temperature": 0.0, "max_tokens": 16, "top_p": 0.9}'}, ()),
+    "strip_reasoning": ({}, {"strip_reasoning": "True"}, ()),
+    "provider.kind": ({}, {}, ("--evalreplay-provider=counting2",)),
+    "provider.model": ({}, {}, ("--evalreplay-model=m2",)),
+}
+
+
+@pytest.mark.parametrize("field", list(CHANGES))
+def test_a_changed_field_starts_the_task_fresh_and_says_why(pytester, project, field):
+    before, after, args = CHANGES[field]
+    project(**before)
+    run(pytester).assert_outcomes(passed=ITEMS)
+    first = len(project.asked())
+    project(**{**before, **after})
+    result = run(pytester, "--resume", *args)
+    items = 6 if field == "num_samples" else ITEMS
+    result.assert_outcomes(passed=items)
+    result.stdout.fnmatch_lines([f"evalreplay: t: starting fresh (config changed: {field})"])
+    assert len(project.asked()) == first + items
+
+
+UNCHANGED = {
+    "nothing": ({}, (), {}),
+    "key order of sampling": ({"sampling": '{"max_tokens": 16, "temperature": 0.0}'}, (), {}),
+    "batch size": ({}, ("--evalreplay-batch-size=1",), {}),
+    "item order": ({}, (), {"REVERSE_ITEMS": "1"}),
+    "prompt callable elsewhere in the file": ({"judge_body": "0.0"}, (), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(UNCHANGED))
+def test_an_unchanged_config_is_reused(pytester, project, monkeypatch, case):
+    after, args, env = UNCHANGED[case]
+    project()
+    run(pytester).assert_outcomes(passed=ITEMS)
+    project(**after)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    result = run(pytester, "--resume", *args)
+    result.assert_outcomes(skipped=ITEMS)
+    assert "starting fresh" not in result.stdout.str()
+    assert len(project.asked()) == ITEMS
+
+
+def test_the_worker_count_is_not_part_of_the_fingerprint(pytester, project):
+    pytest.importorskip("xdist")
+    project()
+    run(pytester).assert_outcomes(passed=ITEMS)
+    run(pytester, "--resume", "-n", "2").assert_outcomes(skipped=ITEMS)
+    assert len(project.asked()) == ITEMS
+
+
+def test_a_moved_output_dir_is_reused(pytester, project):
+    project()
+    run(pytester, out="here").assert_outcomes(passed=ITEMS)
+    shutil.move(pytester.path / "here", pytester.path / "there")
+    run(pytester, "--resume", out="there").assert_outcomes(skipped=ITEMS)
+    assert len(project.asked()) == ITEMS
+
+
+# -- reuse --------------------------------------------------------------------------
+
+
+def test_resume_reuses_done_items_as_skipped_and_counts_them_per_task(pytester, project):
+    project()
+    first = run(pytester)
+    first.assert_outcomes(passed=ITEMS)
+    metrics = (pytester.path / "run" / "t-metrics.json").read_bytes()
+    result = run(pytester, "--resume", "-rs")
+    result.assert_outcomes(skipped=ITEMS)
+    result.stdout.fnmatch_lines(
+        [
+            f"t: 2 instances, {ITEMS} items, 0 failed, {ITEMS} reused | exact_match=0.5000",
+            f"note: t: reused {ITEMS} item(s) from the journal",
+            f"SKIPPED [[]{ITEMS}[]] *: evalreplay: reused from journal",
+        ]
+    )
+    assert len(project.asked()) == ITEMS
+    assert (pytester.path / "run" / "t-metrics.json").read_bytes() == metrics
+
+
+def test_resume_runs_only_the_rest_and_the_run_dir_matches_an_uninterrupted_run(pytester, project):
+    project()
+    run(pytester, out="whole").assert_outcomes(passed=ITEMS)
+    run(pytester, "-k", "alpha and r1").assert_outcomes(passed=1, deselected=ITEMS - 1)
+    run(pytester, "--resume", "-k", "beta").assert_outcomes(passed=2, deselected=2)
+    result = run(pytester, "--resume")
+    result.assert_outcomes(passed=1, skipped=3)
+    assert project.calls()[-3:] == [[["alpha", [1]]], [["beta", [0, 1]]], [["alpha", [0]]]]
+    for name in ("t-requests.jsonl", "t-predictions.jsonl", "t-metrics.json", "manifest.json"):
+        assert (pytester.path / "run" / name).read_bytes() == (pytester.path / "whole" / name).read_bytes()
+
+
+def test_a_bare_run_starts_fresh_and_clears_the_journal(pytester, project):
+    project(instances='[{"id": "a"}, {"id": "bad1"}]', scorer="judge")
+    run(pytester).assert_outcomes(passed=2, failed=2)
+    first = project.rows("t-journal.jsonl")
+    assert project.rows("t-failures.jsonl")
+    project(instances='[{"id": "a"}, {"id": "b"}]', scorer="judge")
+    run(pytester).assert_outcomes(passed=ITEMS)
+    journal = project.rows("t-journal.jsonl")
+    assert journal[0]["run_id"] != first[0]["run_id"]
+    done = sorted((r["instance_id"], r["rollout"]) for r in journal if r["type"] == "done")
+    assert done == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert project.rows("t-failures.jsonl") == []
+    assert [p["instance_id"] for p in project.rows("t-predictions.jsonl")] == ["a", "b"]
+    assert project.asked().count(("a", 0)) == 2
+
+
+def test_a_bare_run_that_dies_before_its_first_row_still_clears_the_journal(pytester, project, monkeypatch):
+    project(instances='[{"id": "stop"}]', num_samples="1", scorer="judge")
+    run(pytester).assert_outcomes(passed=1)
+    monkeypatch.setenv("INTERRUPT", "1")
+    result = run(pytester, no_reraise_ctrlc=True)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert [r["type"] for r in project.rows("t-journal.jsonl")] == ["header"]
+    monkeypatch.delenv("INTERRUPT")
+    run(pytester, "--resume").assert_outcomes(passed=1)
+    assert project.asked() == [("stop", 0)] * 3
+
+
+def test_cache_clear_removes_the_journal(pytester, project):
+    project()
+    pytester.runpytest().assert_outcomes(passed=ITEMS)
+    assert (pytester.path / ".pytest_cache" / "d" / "evalreplay" / "t-journal.jsonl").exists()
+    pytester.runpytest("--resume").assert_outcomes(skipped=ITEMS)
+    pytester.runpytest("--resume", "--cache-clear").assert_outcomes(passed=ITEMS)
+    assert len(project.asked()) == 2 * ITEMS
+
+
+# -- failures across runs -----------------------------------------------------------
+
+
+def test_retryable_failures_are_retried_in_the_run_and_kept_out_of_metrics(pytester, project, monkeypatch):
+    monkeypatch.setenv("FLAKY_FAILS", "2")
+    project(instances='[{"id": "a"}, {"id": "flaky"}]', num_samples="1", scorer="judge")
+    run(pytester).assert_outcomes(passed=2)
+    assert project.asked().count(("flaky", 0)) == 3
+    failures = project.rows("t-failures.jsonl")
+    assert [(f["instance_id"], f["attempt"], f["failure_class"], f["final"]) for f in failures] == [
+        ("flaky", 1, "retryable", False),
+        ("flaky", 2, "retryable", False),
+    ]
+    assert "503 from server" in failures[0]["message"]
+    assert project.metrics()["num_failed"] == 0
+    done = [r["instance_id"] for r in project.rows("t-journal.jsonl") if r["type"] == "done"]
+    assert done == ["a", "flaky"]
+
+
+def test_the_attempt_cap_holds_across_runs_and_a_raised_cap_retries(pytester, project, monkeypatch):
+    monkeypatch.setenv("FLAKY_FAILS", "4")
+    project(instances='[{"id": "a"}, {"id": "flaky"}]', num_samples="1", scorer="judge")
+    result = run(pytester)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*t flaky[[]s1-r0[]]: 503 from server (call 3)*"])
+    assert project.asked().count(("flaky", 0)) == 3
+    assert project.metrics()["failed"] == ["flaky[s1-r0]"]
+    assert project.metrics()["metrics"] == {"judge": 1.0}
+
+    result = run(pytester, "--resume")
+    result.assert_outcomes(failed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*failed for good in an earlier run (attempt 3, retryable)*"])
+    assert project.asked().count(("flaky", 0)) == 3
+    assert project.metrics()["failed"] == ["flaky[s1-r0]"]
+
+    run(pytester, "--resume", "--evalreplay-max-attempts=5").assert_outcomes(passed=1, skipped=1)
+    assert project.asked().count(("flaky", 0)) == 5
+    attempts = [(f["attempt"], f["final"]) for f in project.rows("t-failures.jsonl")]
+    assert attempts == [(1, False), (2, False), (3, True), (4, False)]
+    assert project.metrics()["num_failed"] == 0
+
+
+def test_attempts_are_durable_before_the_retry_so_an_interrupted_retry_still_counts(
+    pytester, project, monkeypatch
+):
+    # Attempt 1 fails retryably; the retry is interrupted (a kill-shaped end
+    # that records nothing). The next run makes attempt 2 of 2, and no more.
+    monkeypatch.setenv("FLAKY_FAILS", "9")
+    pytester.makeconftest(
+        CONFTEST
+        + """
+_generate = Counting.generate
+def generate(self, requests):
+    if os.environ.get("INTERRUPT_AT_RETRY") and os.path.exists(os.environ["CALL_LOG"] + ".flaky"):
+        raise KeyboardInterrupt
+    return _generate(self, requests)
+Counting.generate = generate
+"""
+    )
+    project(instances='[{"id": "flaky"}]', num_samples="1", scorer="judge")
+    monkeypatch.setenv("INTERRUPT_AT_RETRY", "1")
+    result = run(pytester, "--evalreplay-max-attempts=2", no_reraise_ctrlc=True)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert [f["attempt"] for f in project.rows("t-failures.jsonl")] == [1]
+    monkeypatch.delenv("INTERRUPT_AT_RETRY")
+    run(pytester, "--resume", "--evalreplay-max-attempts=2").assert_outcomes(failed=1)
+    assert project.asked() == [("flaky", 0)] * 2
+    assert [(f["attempt"], f["final"]) for f in project.rows("t-failures.jsonl")] == [(1, False), (2, True)]
+
+
+def test_a_terminal_failure_is_final_at_once(pytester, project):
+    project(instances='[{"id": "a"}, {"id": "bad1"}]', num_samples="1", scorer="judge")
+    result = run(pytester)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*t bad1[[]s1-r0[]]: context too long*"])
+    assert project.asked().count(("bad1", 0)) == 1
+    failures = project.rows("t-failures.jsonl")
+    assert [(f["attempt"], f["failure_class"], f["final"]) for f in failures] == [(1, "terminal", True)]
+    for args in ((), ("--evalreplay-max-attempts=9",)):
+        result = run(pytester, "--resume", *args)
+        result.assert_outcomes(failed=1, skipped=1)
+        result.stdout.fnmatch_lines(["*failed for good in an earlier run (attempt 1, terminal)*"])
+    assert project.asked().count(("bad1", 0)) == 1
+    metrics = project.metrics()
+    assert (metrics["metrics"], metrics["num_items"], metrics["num_failed"]) == ({"judge": 1.0}, 2, 1)
+    assert all(r["instance_id"] == "a" for r in project.rows("t-journal.jsonl") if r["type"] == "done")
+
+
+def test_a_task_whose_only_item_failed_for_good_is_still_written_on_resume(pytester, project):
+    project(instances='[{"id": "bad1"}]', num_samples="1", scorer="judge")
+    run(pytester).assert_outcomes(failed=1)
+    (pytester.path / "run" / "t-metrics.json").unlink()
+    run(pytester, "--resume").assert_outcomes(failed=1)
+    assert project.metrics()["failed"] == ["bad1[s1-r0]"]
+
+
+def test_keyboard_interrupt_writes_nothing_and_resume_reruns_it(pytester, project, monkeypatch):
+    project(instances='[{"id": "a"}, {"id": "stop"}, {"id": "c"}]', num_samples="1", scorer="judge")
+    monkeypatch.setenv("INTERRUPT", "1")
+    result = run(pytester, "--evalreplay-batch-size=1", no_reraise_ctrlc=True)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert [r["instance_id"] for r in project.rows("t-journal.jsonl") if r["type"] == "done"] == ["a"]
+    assert project.rows("t-failures.jsonl") == []
+    monkeypatch.delenv("INTERRUPT")
+    result = run(pytester, "--resume", "--evalreplay-batch-size=1")
+    result.assert_outcomes(passed=2, skipped=1)
+    assert project.asked() == [("a", 0), ("stop", 0), ("stop", 0), ("c", 0)]
+    assert project.rows("t-failures.jsonl") == []
+    assert [p["instance_id"] for p in project.rows("t-predictions.jsonl")] == ["a", "stop", "c"]
+
+
+# -- damaged journals ---------------------------------------------------------------
+
+
+def test_a_torn_last_line_is_ignored_with_a_warning_on_resume(pytester, project):
+    project()
+    run(pytester, "-k", "alpha").assert_outcomes(passed=2, deselected=2)
+    path = pytester.path / "run" / "t-journal.jsonl"
+    with path.open("ab") as fh:
+        fh.write(b'{"type": "done", "stage": 1, "instance_id": "beta", "rol')
+    result = run(pytester, "--resume")
+    result.assert_outcomes(passed=2, skipped=2)
+    result.stdout.fnmatch_lines(["*t-journal.jsonl:5: ignoring a torn last line (the run died mid-write)*"])
+    assert all(line.startswith(b"{") and line.endswith(b"}") for line in path.read_bytes().splitlines())
+    assert len(project.asked()) == ITEMS
+
+
+def test_a_malformed_journal_line_is_a_usage_error_naming_file_and_line(pytester, project):
+    project()
+    run(pytester).assert_outcomes(passed=ITEMS)
+    path = pytester.path / "run" / "t-journal.jsonl"
+    rows = path.read_bytes().splitlines()
+    rows[2] = rows[2][:-5]
+    path.write_bytes(b"\n".join(rows) + b"\n")
+    result = run(pytester, "--resume")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*t-journal.jsonl:3: malformed journal line*"])
+    run(pytester).assert_outcomes(passed=ITEMS)  # a bare run starts over
