@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import inspect
 import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +90,43 @@ def load_instances(
     return instances
 
 
-def _callable_identity(fn: Callable[..., Any]) -> dict[str, Any]:
-    """A callable's name plus a hash of its source, so editing it changes the fingerprint."""
-    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+def _callable_identity(fn: Any) -> Any:
+    """A stable identity for a callable: its name plus a hash of its source,
+    so editing it changes the fingerprint. Partials and callable objects are
+    named by what they wrap; nothing that prints a memory address is hashed,
+    so the identity is the same in every process."""
+    if isinstance(fn, functools.partial):
+        return {
+            "partial": _callable_identity(fn.func),
+            "args": _stable(fn.args),
+            "keywords": _stable(fn.keywords),
+        }
+    if inspect.ismethod(fn):
+        return {"method": _callable_identity(fn.__func__), "self": _callable_identity(fn.__self__)}
+    if not (inspect.isfunction(fn) or inspect.isclass(fn) or inspect.isbuiltin(fn)):
+        state = dataclasses.asdict(fn) if dataclasses.is_dataclass(fn) else getattr(fn, "__dict__", {})
+        return {"object": _callable_identity(type(fn)), "state": _stable(state)}
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
     try:
         source = inspect.getsource(fn)
     except (OSError, TypeError):
-        source = repr(fn)
+        return {"callable": name}
     return {"callable": name, "source_sha256": hashlib.sha256(source.encode()).hexdigest()}
+
+
+def _stable(value: Any) -> Any:
+    """Plain data as it is; callables by identity; anything else by type name."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _stable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_stable(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_stable(v) for v in value), key=repr)
+    if callable(value):
+        return _callable_identity(value)
+    return {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
 
 
 def _caller() -> tuple[Path | None, int]:
@@ -235,7 +265,7 @@ class EvalTask:
         else:
             prompt = _callable_identity(self.prompt)
         if isinstance(self.scorer, BUILTIN_TYPES):
-            scorer: Any = {"builtin": type(self.scorer).__name__, **asdict(self.scorer)}
+            scorer: Any = {"builtin": type(self.scorer).__name__, **dataclasses.asdict(self.scorer)}
         else:
             scorer = _callable_identity(self.scorer)
         target = _callable_identity(self.target) if callable(self.target) else self.target

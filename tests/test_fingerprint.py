@@ -147,11 +147,6 @@ object_scorer = Scorer()
 """
 
 
-@pytest.mark.xfail(
-    reason="task._callable_identity hashes repr() (with memory addresses) for a callable without "
-    "source of its own, so with a partial or a callable object as scorer a run never resumes",
-    strict=True,
-)
 @pytest.mark.parametrize("name", ["partial_scorer", "object_scorer"])
 def test_a_scorer_without_source_of_its_own_fingerprints_the_same_in_every_process(tmp_path, name):
     # Importing the same file twice stands in for two processes importing it.

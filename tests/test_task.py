@@ -131,3 +131,26 @@ def test_config_changes_with_callable_source():
     a = EvalTask("t", [{"id": "a"}], prompt="x", scorer=s1).config()
     b = EvalTask("t", [{"id": "a"}], prompt="x", scorer=s2).config()
     assert a["scorer"] != b["scorer"] and a["instances"] == b["instances"]
+
+
+def test_partial_and_object_scorers_are_fingerprinted_by_what_they_wrap():
+    import functools
+
+    def weighted(text, inst, weight=1.0):
+        return weight
+
+    class Scorer:
+        def __init__(self, threshold):
+            self.threshold = threshold
+
+        def __call__(self, text, inst):
+            return 1.0
+
+    def config(scorer):
+        return EvalTask("t", [{"id": "a"}], prompt="x", scorer=scorer).config()["scorer"]
+
+    assert config(functools.partial(weighted, weight=2.0)) == config(functools.partial(weighted, weight=2.0))
+    assert config(functools.partial(weighted, weight=2.0)) != config(functools.partial(weighted, weight=3.0))
+    assert config(Scorer(0.5)) == config(Scorer(0.5))
+    assert config(Scorer(0.5)) != config(Scorer(0.6))
+    assert "0x" not in repr(config(Scorer(0.5)))
