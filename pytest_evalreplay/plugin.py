@@ -89,20 +89,30 @@ class EvalReplayPlugin:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         try:
-            self.session.register(session.items)
             if not session.config.option.collectonly:
-                self.session.prepare_provider()
+                self.session.prepare_provider(session.items)
+            self.session.register(session.items)
         except EvalReplayError as exc:
             raise pytest.UsageError(str(exc)) from None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.summary.add(report)
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         try:
             self.session.finish()
         except EvalReplayError as exc:
             self.session.notes.append(f"run dir not written: {exc}")
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:  # a pytest-xdist worker: notes go to the controller
+            workeroutput["evalreplay_notes"] = list(self.session.notes)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        """pytest-xdist controller: gather the workers' notes for the summary."""
+        for note in getattr(node, "workeroutput", {}).get("evalreplay_notes", []):
+            if note not in self.session.notes:
+                self.session.notes.append(note)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         self.summary.terminal(terminalreporter, self.session.notes)

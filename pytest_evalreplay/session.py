@@ -89,10 +89,13 @@ class EvalSession:
     # -- identity ----------------------------------------------------------
 
     def provider_config(self) -> dict[str, Any]:
-        """The provider's part of every task's fingerprint (no provider is built for it)."""
+        """The provider's part of every task's fingerprint: its kind and model
+        (the built provider's own `model` where it has one, as a conftest
+        provider or a saved run does), plus what else picks the weights."""
         s = self.settings
         kind = s.provider_kind
-        ident: dict[str, Any] = {"kind": kind, "model": s.model}
+        model = getattr(self._provider, "model", None) or s.model
+        ident: dict[str, Any] = {"kind": kind, "model": model}
         if kind == "replay" and s.predictions is not None:
             ident["predictions"] = str(s.predictions)
         if kind == "vllm":
@@ -111,11 +114,12 @@ class EvalSession:
             self._provider = self._make_provider(kind)
         return self._provider
 
-    def prepare_provider(self) -> None:
-        """Build the provider once items will run, so a bad provider setting
-        (an unreadable predictions dir, vLLM not installed) is a usage error
-        before the first item rather than a failure of every item."""
-        if any(run.selected for run in self.runs.values()):
+    def prepare_provider(self, items: Sequence[Any]) -> None:
+        """Build the provider when eval items will run, before fingerprints are
+        taken: a bad provider setting (an unreadable predictions dir, vLLM not
+        installed) is then a usage error before the first item rather than a
+        failure of every item, and the provider's model joins the fingerprint."""
+        if any(isinstance(item, RolloutItem) for item in items):
             _ = self.provider
 
     def replay_provider(self) -> Provider:

@@ -324,3 +324,13 @@ def test_xdist_keeps_each_task_on_one_worker(pytester, project):
     )
     journal = (project.out / "qa-journal.jsonl").read_bytes().splitlines()
     assert len(journal) == 1 + 6 + 12  # header, request rows, done rows: nothing twice
+
+
+def test_xdist_workers_notes_reach_the_controller_summary(pytester, project):
+    pytest.importorskip("xdist")
+    project(n=4)
+    run(pytester).assert_outcomes(passed=4)
+    project(source=EVALS.format(n=4, samples=1).replace('prompt="Question', 'prompt="Q'))
+    result = run(pytester, "-n", "2", "-p", "no:benchmark", "--resume")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*note: qa: starting fresh (config changed: prompt)*"])
