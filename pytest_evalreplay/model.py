@@ -161,17 +161,22 @@ def provider_identity(provider: Any) -> dict[str, Any]:
 
 
 def prompt_key(context: Context, system_prompt: str | None) -> bytes:
-    """The replay key: context plus system prompt, chat messages compared as data."""
+    """The replay key: context plus system prompt, chat messages compared as data.
+
+    Replay hashes a million saved prompts at load, so this avoids needless
+    work: the hasher is copied from a prototype (cheaper than constructing one
+    with arguments) and fed in two updates instead of joining bytes.
+    """
+    h = _KEY_HASH.copy()
     if isinstance(context, str):
-        blob = b"s" + context.encode("utf-8", "surrogatepass") + b"\x00" + _sys_bytes(system_prompt)
+        h.update(b"s%s\x00" % context.encode("utf-8", "surrogatepass"))
     else:
-        blob = b"m" + orjson.dumps(context, option=orjson.OPT_SORT_KEYS) + b"\x00"
-        blob += _sys_bytes(system_prompt)
-    return hashlib.blake2b(blob, digest_size=16).digest()
+        h.update(b"m%s\x00" % orjson.dumps(context, option=orjson.OPT_SORT_KEYS))
+    h.update(b"-" if system_prompt is None else b"+" + system_prompt.encode("utf-8", "surrogatepass"))
+    return h.digest()
 
 
-def _sys_bytes(system_prompt: str | None) -> bytes:
-    return b"-" if system_prompt is None else b"+" + system_prompt.encode("utf-8", "surrogatepass")
+_KEY_HASH = hashlib.blake2b(digest_size=16)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,159 @@
+"""How fast and how lean `ReplayProvider.from_path` loads a large run dir.
+
+Writes a synthetic run dir (FILES tasks, ROWS rows in all, short texts) to a
+temp dir, then compares in this process, best of --repeats:
+
+- load: `ReplayProvider.from_path(dir)`
+- bare: reading the same files and `orjson.loads` of every line, nothing kept
+
+and, in fresh subprocesses, the peak memory (ru_maxrss growth) of each
+against the files' total size. Goals: load >= 0.5x the speed of the bare
+parse, peak memory < 3x the files' size.
+
+    python benchmarks/replay_load.py              # 1,000,000 rows
+    python benchmarks/replay_load.py --rows 1000  # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from pytest_evalreplay.model import Generation, Request
+from pytest_evalreplay.providers.replay import ReplayProvider
+
+
+def write_run_dir(directory: Path, rows: int, files: int) -> int:
+    """A run dir like the plugin writes; returns the predictions/requests bytes."""
+    per_file = -(-rows // files)
+    total = 0
+    for f in range(files):
+        task = f"task{f}"
+        n = min(per_file, rows - f * per_file)
+        requests, predictions = [], []
+        for i in range(max(n, 0)):
+            iid = f"q{i:07d}"
+            req = Request(task=task, instance_id=iid, context=f"{task} question {i}: what is {i} + {i % 13}?",
+                          system_prompt="Answer with a number." if i % 2 else None)
+            gen = Generation(text=f"The answer is {i + i % 13}.", finish_reason="stop",
+                             prompt_tokens=14, completion_tokens=6)
+            requests.append(orjson.dumps(req.to_row()))
+            predictions.append(orjson.dumps({"instance_id": iid, "model": "bench-model",
+                                             "generations": [gen.to_row()],
+                                             "scores": {"exact_match": float(i % 2)}}))
+        for name, lines in ((f"{task}-requests.jsonl", requests), (f"{task}-predictions.jsonl", predictions)):
+            data = b"\n".join(lines) + b"\n" if lines else b""
+            (directory / name).write_bytes(data)
+            total += len(data)
+    manifest = {"format": "evalreplay/1", "model": "bench-model"}
+    (directory / "manifest.json").write_bytes(orjson.dumps(manifest))
+    return total
+
+
+def bare_parse(directory: Path) -> int:
+    n = 0
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_bytes().splitlines():
+            orjson.loads(line)
+            n += 1
+    return n
+
+
+def load(directory: Path) -> int:
+    return len(ReplayProvider.from_path(directory).index)
+
+
+def best_times(directory: Path, repeats: int) -> tuple[float, float]:
+    """Best wall time of the bare parse and of the load, interleaved so that
+    both see the same machine (other processes, caches)."""
+    bare = loaded = float("inf")
+    for _ in range(repeats):
+        for fn in (bare_parse, load):
+            gc.collect()
+            start = time.perf_counter()
+            fn(directory)
+            took = time.perf_counter() - start
+            if fn is bare_parse:
+                bare = min(bare, took)
+            else:
+                loaded = min(loaded, took)
+    return bare, loaded
+
+
+_MEASURE = """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, sys.argv[3])
+import benchmarks.replay_load as b
+
+def kib(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise OSError(field)
+
+base = kib("VmRSS")
+path = Path(sys.argv[2])
+kept = b.ReplayProvider.from_path(path) if sys.argv[1] == "load" else b.bare_parse(path)
+print(kib("VmHWM") - base)
+"""
+
+
+def peak_memory_growth(mode: str, directory: Path) -> int | None:
+    """Peak RSS (VmHWM) minus the RSS after imports, in bytes, measured in a
+    fresh interpreter; None where /proc is missing (not Linux)."""
+    if not Path("/proc/self/status").exists():
+        return None
+    root = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", _MEASURE, mode, str(directory), root],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out.strip()) * 1024
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-memory", action="store_true", help="skip the subprocess memory runs")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="evalreplay-bench-") as tmp:
+        directory = Path(tmp)
+        size = write_run_dir(directory, args.rows, args.files)
+        bare, loaded = best_times(directory, args.repeats)
+        result = {
+            "rows": args.rows,
+            "files_mb": size / 1e6,
+            "bare_parse_s": bare,
+            "load_s": loaded,
+            "speed_vs_bare": bare / loaded,
+        }
+        mem_load = None if args.no_memory else peak_memory_growth("load", directory)
+        if mem_load is not None:
+            mem_bare = peak_memory_growth("bare", directory) or 0
+            result.update({
+                "load_peak_mb": mem_load / 1e6,
+                "bare_peak_mb": mem_bare / 1e6,
+                "load_peak_vs_files": mem_load / size,
+            })
+    print(f"rows {args.rows:,} in {args.files} tasks, {size / 1e6:.1f} MB of requests + predictions")
+    print(f"bare orjson parse {bare:.3f} s   ReplayProvider.from_path {loaded:.3f} s   "
+          f"speed {bare / loaded:.2f}x of bare (goal >= 0.5x)")
+    if "load_peak_mb" in result:
+        print(f"peak memory: load {result['load_peak_mb']:.1f} MB = {result['load_peak_vs_files']:.2f}x "
+              f"the files (goal < 3x); bare parse {result['bare_peak_mb']:.1f} MB")
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""The replay provider: serve saved generations again, so that a task can be
+rescored (new scorer, fixed extraction, edited gold answers) without a model.
+
+A request is answered by the saved rows whose prompt key (context plus system
+prompt, `model.prompt_key`) equals its own. The raw text is served
+(`original_text` when the save has one), so the task extracts, strips and
+scores again exactly as it would a live answer. Everything that cannot be
+answered faithfully is a non-retryable `GenerationError`, never a score of 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_evalreplay.formats import SavedIndex, SavedRow, load
+from pytest_evalreplay.model import (
+    EvalReplayError,
+    GenerateResult,
+    Generation,
+    GenerationError,
+    Request,
+)
+from pytest_evalreplay.options import Settings
+
+
+@dataclass(frozen=True)
+class Save:
+    """One instance's saved samples (the rows of one file for one instance and
+    stage, merged: a resumed run appends rows that each hold some rollouts)."""
+
+    instance_id: str
+    stage: int
+    samples: dict[int, Generation]
+    where: tuple[str, ...]
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        return tuple(self.samples[r].raw_text for r in sorted(self.samples))
+
+
+def merge(rows: Sequence[SavedRow]) -> list[Save]:
+    """Group rows by (file, stage, instance); a later row's sample wins."""
+    groups: dict[tuple[Path, int, str], list[SavedRow]] = {}
+    for row in rows:
+        groups.setdefault((row.file, row.stage, row.instance_id), []).append(row)
+    saves = []
+    for (_, stage, iid), group in groups.items():
+        samples: dict[int, Generation] = {}
+        for row in group:
+            samples.update(zip(row.rollouts, row.generations, strict=True))
+        saves.append(Save(iid, stage, samples, tuple(r.where for r in group)))
+    return saves
+
+
+def choose(saves: Sequence[Save], stage: int) -> Save | None:
+    """The save to serve: all saves of the prompt agree, or failing that all
+    saves of the request's stage do. None when they disagree."""
+    for candidates in (saves, [s for s in saves if s.stage == stage]):
+        if candidates and all(s.texts == candidates[0].texts for s in candidates[1:]):
+            return candidates[0]
+    return None
+
+
+def served(generation: Generation) -> Generation:
+    """The raw text, so the task strips and extracts again; the rest carries over."""
+    return Generation(
+        text=generation.raw_text,
+        original_text=None,
+        finish_reason=generation.finish_reason,
+        prompt_tokens=generation.prompt_tokens,
+        completion_tokens=generation.completion_tokens,
+        metadata=generation.metadata,
+    )
+
+
+class ReplayProvider:
+    """Serves the generations saved in a run dir, a predictions file, an
+    olmo-eval results dir or lm-evaluation-harness samples files."""
+
+    kind = "replay"
+    batch_size: int | None = None
+
+    def __init__(self, index: SavedIndex) -> None:
+        self.index = index
+        self.model: str | None = index.model
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> ReplayProvider:
+        """Load and index `path` in one pass; EvalReplayError names what is wrong."""
+        return cls(load(path))
+
+    def __repr__(self) -> str:
+        return f"ReplayProvider({str(self.index.source)!r}, {len(self.index)} prompts, model={self.model!r})"
+
+    def generate(self, requests: list[Request]) -> list[GenerateResult]:
+        return [self.answer(r) for r in requests]
+
+    def close(self) -> None:
+        """Nothing to release: the index is plain memory."""
+
+    def answer(self, request: Request) -> GenerateResult:
+        where = f"task {request.task}, instance {request.instance_id}"
+        if request.request_type != "generate":
+            return GenerationError(
+                f"replay: {request.request_type} requests cannot be replayed ({where}); saved "
+                "loglikelihoods are skipped: score this task with a live provider"
+            )
+        if request.images or request.tools:
+            what = "images" if request.images else "tools"
+            return GenerationError(
+                f"replay: requests with {what} cannot be replayed ({where}); the replay key is "
+                "the text prompt only: score this task with a live provider"
+            )
+        try:
+            rows = self.index.rows(request.prompt_key)
+        except EvalReplayError as exc:
+            return GenerationError(f"replay: {exc} ({where})")
+        if not rows:
+            return GenerationError(self._no_match(where))
+        saves = merge(rows)
+        save = choose(saves, request.stage)
+        if save is None:
+            listing = ", ".join(
+                f"{s.where[0]} (instance {s.instance_id}"
+                + (f", stage {s.stage})" if s.stage != 1 else ")")
+                for s in saves[:4]
+            )
+            more = f" and {len(saves) - 4} more" if len(saves) > 4 else ""
+            return GenerationError(
+                f"replay: this prompt ({where}) was saved {len(saves)} times with different "
+                f"generations: {listing}{more}; replay cannot tell which to serve: give those "
+                "instances distinct prompts, or delete the saves you do not want"
+            )
+        want = request.num_samples
+        if len(save.samples) != want:
+            return GenerationError(
+                f"replay: the saved sample count {len(save.samples)} differs from num_samples "
+                f"{want} ({where}; saved at {save.where[-1]}); rescore with "
+                f"num_samples={len(save.samples)}, or regenerate with a live provider"
+            )
+        missing = [r for r in request.rollouts if r not in save.samples]
+        if missing:
+            return GenerationError(
+                f"replay: the saved rollouts {sorted(save.samples)} do not include {missing} "
+                f"({where}; saved at {save.where[-1]}); regenerate with a live provider"
+            )
+        return [served(save.samples[r]) for r in request.rollouts]
+
+    def _no_match(self, where: str) -> str:
+        skipped = (
+            f" ({self.index.skipped} loglikelihood, image or tool saves were skipped)"
+            if self.index.skipped
+            else ""
+        )
+        return (
+            f"replay: no saved generation matches this prompt ({where}); "
+            f"{self.index.source} holds {len(self.index)} saved prompts{skipped}: "
+            "check that the task renders the same context and system prompt as the saved run"
+        )
+
+
+def from_settings(settings: Settings) -> ReplayProvider:
+    """The provider factory `providers.make_builtin("replay", ...)` calls."""
+    if settings.predictions is None:
+        raise EvalReplayError(
+            "the replay provider needs saved predictions: pass --evalreplay-predictions=PATH "
+            "(or set the ini key evalreplay_predictions) to a run dir, a predictions file, "
+            "an olmo-eval results dir or lm-evaluation-harness samples files"
+        )
+    return ReplayProvider.from_path(settings.predictions)

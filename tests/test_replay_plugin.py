@@ -1,0 +1,117 @@
+"""Replay through the plugin: --evalreplay-predictions rescores collected tasks,
+and the `replay_provider` fixture serves hand-written tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pytest_evalreplay import Request
+
+EVALS = """
+from pytest_evalreplay import EvalTask
+
+qa = EvalTask("qa", [{"id": "a", "q": "1+1", "answer": "2"}, {"id": "b", "q": "2+2", "answer": "4"},
+                     {"id": "c", "q": "3+3", "answer": "6"}, {"id": "d", "q": "4+4", "answer": "8"}],
+              prompt="What is {q}?", system_prompt="Reply with a number.",
+              scorer="exact_match", target="answer", strip_reasoning=True)
+"""
+
+QUESTIONS = {"a": "1+1", "b": "2+2", "c": "3+3", "d": "4+4"}
+
+
+def write_saved_run(directory: Path, answers: dict[str, str], model: str = "saved-model") -> Path:
+    """A run dir as an earlier run of EVALS would have left it."""
+    directory.mkdir()
+    requests, predictions = [], []
+    for iid, answer in answers.items():
+        request = Request(task="qa", instance_id=iid, context=f"What is {QUESTIONS[iid]}?",
+                          system_prompt="Reply with a number.")
+        requests.append(request.to_row())
+        generation = {"text": answer, "original_text": f"<think>hmm</think>{answer}",
+                      "finish_reason": "stop", "prompt_tokens": 9, "completion_tokens": 4}
+        predictions.append({"instance_id": iid, "model": model, "generations": [generation],
+                            "scores": {}})
+    for name, rows in (("qa-requests.jsonl", requests), ("qa-predictions.jsonl", predictions)):
+        (directory / name).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return directory
+
+
+def metrics_doc(path: Path) -> dict[str, Any]:
+    return orjson.loads((path / "qa-metrics.json").read_bytes())
+
+
+def test_a_collected_task_is_rescored_from_saved_predictions(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_evals=EVALS)
+    write_saved_run(pytester.path / "saved", {"a": "2", "b": "4", "c": "7", "d": "8"})
+    result = pytester.runpytest("--evalreplay-predictions=saved", "--evalreplay-output=out",
+                                "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*qa: 4 instances, 4 items, 0 failed*exact_match=0.75*"])
+    doc = metrics_doc(pytester.path / "out")
+    assert doc["metrics"] == {"exact_match": 0.75}
+    assert doc["model"] == "saved-model"
+    # the replayed run dir can itself be replayed, and gives the same metrics
+    again = pytester.runpytest("--evalreplay-predictions=out", "--evalreplay-output=again",
+                               "-p", "no:cacheprovider")
+    again.assert_outcomes(passed=4)
+    assert metrics_doc(pytester.path / "again")["metrics"] == {"exact_match": 0.75}
+
+
+def test_instances_missing_from_the_saved_run_fail_instead_of_scoring_zero(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_evals=EVALS)
+    write_saved_run(pytester.path / "saved", {"a": "2", "b": "5", "c": "6"})
+    result = pytester.runpytest("--evalreplay-predictions=saved", "--evalreplay-output=out",
+                                "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["*no saved generation matches this prompt (task qa, instance d)*"])
+    doc = metrics_doc(pytester.path / "out")
+    assert doc["metrics"] == {"exact_match": pytest.approx(2 / 3)}
+    assert doc["num_failed"] == 1
+
+
+def test_an_unreadable_saved_run_is_a_usage_error_naming_files(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_evals=EVALS)
+    saved = write_saved_run(pytester.path / "saved", {"a": "2"})
+    other = saved / "other-requests.jsonl"
+    other.write_bytes(orjson.dumps(Request(task="other", instance_id="z", context="hi").to_row()) + b"\n")
+    (saved / "other-predictions.jsonl").write_bytes(orjson.dumps(
+        {"instance_id": "z", "model": "another-model", "generations": [{"text": "x"}], "scores": {}}
+    ) + b"\n")
+    result = pytester.runpytest("--evalreplay-predictions=saved", "--evalreplay-output=out",
+                                "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*holds predictions of 2 models*another-model*saved-model*"])
+
+
+HAND_WRITTEN = """
+from pytest_evalreplay import Request
+
+def test_served(replay_provider):
+    (gens,) = replay_provider.generate([Request(task="qa", instance_id="a", context="What is 1+1?",
+                                                system_prompt="Reply with a number.")])
+    assert [g.text for g in gens] == ["<think>hmm</think>2"]
+    assert replay_provider.model == "saved-model"
+"""
+
+
+def test_the_replay_provider_fixture_serves_the_ini_path(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_hand=HAND_WRITTEN)
+    write_saved_run(pytester.path / "saved", {"a": "2"})
+    pytester.makeini("[pytest]\nevalreplay_predictions = saved\n")
+    result = pytester.runpytest("--evalreplay-output=out", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_the_replay_provider_fixture_without_predictions_says_what_to_set(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_hand=HAND_WRITTEN)
+    result = pytester.runpytest("--evalreplay-output=out", "-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["E *replay_provider*--evalreplay-predictions=PATH*evalreplay_predictions*"])
