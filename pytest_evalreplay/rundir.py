@@ -55,9 +55,9 @@ def prediction_row(
     num_samples: int,
     model: str | None,
 ) -> dict[str, Any]:
-    """One instance's row: its generations in rollout order, and its scores
-    (the mean over rollouts, plus each sample's own)."""
-    ordered = sorted(results, key=lambda r: r.rollout)
+    """One instance's row: its successful rollouts' generations in rollout
+    order, and its scores (the mean over rollouts, plus each sample's own)."""
+    ordered = sorted((r for r in results if r.ok and r.generation is not None), key=lambda r: r.rollout)
     _, scores = aggregate(ordered)
     row: dict[str, Any] = {
         "instance_id": instance_id,
