@@ -41,14 +41,29 @@ def write_run_dir(directory: Path, rows: int, files: int) -> int:
         requests, predictions = [], []
         for i in range(max(n, 0)):
             iid = f"q{i:07d}"
-            req = Request(task=task, instance_id=iid, context=f"{task} question {i}: what is {i} + {i % 13}?",
-                          system_prompt="Answer with a number." if i % 2 else None)
-            gen = Generation(text=f"The answer is {i + i % 13}.", finish_reason="stop",
-                             prompt_tokens=14, completion_tokens=6)
+            req = Request(
+                task=task,
+                instance_id=iid,
+                context=f"{task} question {i}: what is {i} + {i % 13}?",
+                system_prompt="Answer with a number." if i % 2 else None,
+            )
+            gen = Generation(
+                text=f"The answer is {i + i % 13}.",
+                finish_reason="stop",
+                prompt_tokens=14,
+                completion_tokens=6,
+            )
             requests.append(orjson.dumps(req.to_row()))
-            predictions.append(orjson.dumps({"instance_id": iid, "model": "bench-model",
-                                             "generations": [gen.to_row()],
-                                             "scores": {"exact_match": float(i % 2)}}))
+            predictions.append(
+                orjson.dumps(
+                    {
+                        "instance_id": iid,
+                        "model": "bench-model",
+                        "generations": [gen.to_row()],
+                        "scores": {"exact_match": float(i % 2)},
+                    }
+                )
+            )
         for name, lines in ((f"{task}-requests.jsonl", requests), (f"{task}-predictions.jsonl", predictions)):
             data = b"\n".join(lines) + b"\n" if lines else b""
             (directory / name).write_bytes(data)
@@ -114,8 +129,12 @@ def peak_memory_growth(mode: str, directory: Path) -> int | None:
     if not Path("/proc/self/status").exists():
         return None
     root = str(Path(__file__).resolve().parent.parent)
-    out = subprocess.run([sys.executable, "-c", _MEASURE, mode, str(directory), root],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, mode, str(directory), root],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return int(out.strip()) * 1024
 
 
@@ -140,17 +159,23 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         mem_load = None if args.no_memory else peak_memory_growth("load", directory)
         if mem_load is not None:
             mem_bare = peak_memory_growth("bare", directory) or 0
-            result.update({
-                "load_peak_mb": mem_load / 1e6,
-                "bare_peak_mb": mem_bare / 1e6,
-                "load_peak_vs_files": mem_load / size,
-            })
+            result.update(
+                {
+                    "load_peak_mb": mem_load / 1e6,
+                    "bare_peak_mb": mem_bare / 1e6,
+                    "load_peak_vs_files": mem_load / size,
+                }
+            )
     print(f"rows {args.rows:,} in {args.files} tasks, {size / 1e6:.1f} MB of requests + predictions")
-    print(f"bare orjson parse {bare:.3f} s   ReplayProvider.from_path {loaded:.3f} s   "
-          f"speed {bare / loaded:.2f}x of bare (goal >= 0.5x)")
+    print(
+        f"bare orjson parse {bare:.3f} s   ReplayProvider.from_path {loaded:.3f} s   "
+        f"speed {bare / loaded:.2f}x of bare (goal >= 0.5x)"
+    )
     if "load_peak_mb" in result:
-        print(f"peak memory: load {result['load_peak_mb']:.1f} MB = {result['load_peak_vs_files']:.2f}x "
-              f"the files (goal < 3x); bare parse {result['bare_peak_mb']:.1f} MB")
+        print(
+            f"peak memory: load {result['load_peak_mb']:.1f} MB = {result['load_peak_vs_files']:.2f}x "
+            f"the files (goal < 3x); bare parse {result['bare_peak_mb']:.1f} MB"
+        )
     print(json.dumps(result))
     return result
 

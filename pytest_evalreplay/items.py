@@ -35,9 +35,13 @@ class TaskCollector(pytest.Collector):
         stage = 1
         for instance in self.task.instances:
             for rollout in range(self.task.num_samples):
+                name = f"{instance['id']}[s{stage}-r{rollout}]"
                 yield RolloutItem.from_parent(
                     self,
-                    name=f"{instance['id']}[s{stage}-r{rollout}]",
+                    name=name,
+                    # Given as a string so pytest >= 9.2 parses "[s1-r0]" as the
+                    # item's params, as it does when reading --lf's cache.
+                    nodeid=f"{self.nodeid}::{name}",
                     task=self.task,
                     stage=stage,
                     instance_id=instance["id"],

@@ -51,11 +51,14 @@ def test_requests_in_another_order_than_predictions(tmp_path: Path) -> None:
 def test_rows_appended_twice_by_a_resumed_run(tmp_path: Path) -> None:
     a, b = req("a", "pa", num_samples=2), req("b", "pb", num_samples=2)
     jsonl(tmp_path / "t-requests.jsonl", [a.to_row(), b.to_row(), a.to_row()])
-    jsonl(tmp_path / "t-predictions.jsonl", [
-        native_pred("a", "a0", rollouts=[0]),
-        {**native_pred("b", "b0"), "generations": [{"text": "b0"}, {"text": "b1"}]},
-        native_pred("a", "a1", rollouts=[1]),
-    ])
+    jsonl(
+        tmp_path / "t-predictions.jsonl",
+        [
+            native_pred("a", "a0", rollouts=[0]),
+            {**native_pred("b", "b0"), "generations": [{"text": "b0"}, {"text": "b1"}]},
+            native_pred("a", "a1", rollouts=[1]),
+        ],
+    )
     assert texts(ReplayProvider.from_path(tmp_path).generate([a, b])) == [["a0", "a1"], ["b0", "b1"]]
 
 
@@ -115,9 +118,12 @@ def olmo_request(doc_id: int, context: Any, request_type: str = "generate_until"
     return {
         "request_type": request_type,
         "doc": {"query": f"doc {doc_id}"},
-        "request": {"context": context, "stop_sequences": ["\n\n"],
-                    "generation_kwargs": {"max_gen_toks": 64, "do_sample": False, "temperature": 0.0},
-                    **request},
+        "request": {
+            "context": context,
+            "stop_sequences": ["\n\n"],
+            "generation_kwargs": {"max_gen_toks": 64, "do_sample": False, "temperature": 0.0},
+            **request,
+        },
         "idx": 0,
         "task_name": "gsm8k",
         "doc_id": doc_id,
@@ -137,16 +143,22 @@ def olmo_prediction(doc_id: int, *outputs: str) -> dict:
 
 
 def olmo_results(root: Path, model: str = "olmo-7b", spec: str = "gsm8k_olmes_a1b2c3") -> Path:
-    jsonl(root / "requests" / model / f"{spec}-requests.jsonl", [
-        olmo_request(0, "Q: 2+2?\nA:"),
-        olmo_request(1, [{"role": "user", "content": "Q: 3+3?"}], system_prompt="Think."),
-        olmo_request(2, "Q: capital?\nA:", request_type="loglikelihood", continuation=" Paris"),
-    ])
-    jsonl(root / "predictions" / model / f"{spec}-predictions.jsonl", [
-        olmo_prediction(0, " 4"),
-        olmo_prediction(1, "6", "six"),
-        {"doc_id": 2, "native_id": "gsm-2", "model_output": [{"sum_logits": -1.5, "num_tokens": 1}]},
-    ])
+    jsonl(
+        root / "requests" / model / f"{spec}-requests.jsonl",
+        [
+            olmo_request(0, "Q: 2+2?\nA:"),
+            olmo_request(1, [{"role": "user", "content": "Q: 3+3?"}], system_prompt="Think."),
+            olmo_request(2, "Q: capital?\nA:", request_type="loglikelihood", continuation=" Paris"),
+        ],
+    )
+    jsonl(
+        root / "predictions" / model / f"{spec}-predictions.jsonl",
+        [
+            olmo_prediction(0, " 4"),
+            olmo_prediction(1, "6", "six"),
+            {"doc_id": 2, "native_id": "gsm-2", "model_output": [{"sum_logits": -1.5, "num_tokens": 1}]},
+        ],
+    )
     (root / "metrics.json").write_text(json.dumps({"tasks": [], "summary": {}}))
     return root / "predictions" / model / f"{spec}-predictions.jsonl"
 
@@ -169,8 +181,13 @@ def test_olmo_eval_results_in_their_layout(tmp_path: Path, where: str) -> None:
 
 def test_olmo_eval_rescored_by_a_task(tmp_path: Path) -> None:
     olmo_results(tmp_path)
-    task = EvalTask("gsm", [{"id": "x", "q": "2+2", "answer": "4"}], prompt="Q: {q}?\nA:",
-                    scorer="numeric_match", target="answer")
+    task = EvalTask(
+        "gsm",
+        [{"id": "x", "q": "2+2", "answer": "4"}],
+        prompt="Q: {q}?\nA:",
+        scorer="numeric_match",
+        target="answer",
+    )
     assert task.evaluate(ReplayProvider.from_path(tmp_path)).metrics == {"numeric_match": 1.0}
 
 
@@ -179,7 +196,8 @@ def test_olmo_eval_instances_render_the_saved_prompts(tmp_path: Path) -> None:
     requests_file = tmp_path / "requests" / "olmo-7b" / "gsm8k_olmes_a1b2c3-requests.jsonl"
     found = olmo_eval.instances(requests_file)
     assert [(i["id"], i["native_id"], i["target"]) for i in found] == [
-        ("0", "gsm-0", "4"), ("1", "gsm-1", "4"),
+        ("0", "gsm-0", "4"),
+        ("1", "gsm-1", "4"),
     ]
     task = EvalTask("gsm", found[:1], prompt=lambda i: i["prompt"], scorer="numeric_match")
     assert task.evaluate(ReplayProvider.from_path(tmp_path)).metrics == {"numeric_match": 1.0}
@@ -187,10 +205,13 @@ def test_olmo_eval_instances_render_the_saved_prompts(tmp_path: Path) -> None:
 
 def test_olmo_eval_original_text_and_oe_eval_continuation(tmp_path: Path) -> None:
     jsonl(tmp_path / "task-000-gsm8k-requests.jsonl", [olmo_request(0, "p0"), olmo_request(1, "p1")])
-    jsonl(tmp_path / "task-000-gsm8k-predictions.jsonl", [
-        {"doc_id": 0, "native_id": 10, "model_output": [{"continuation": " 7", "sum_logits": -2.0}]},
-        {"doc_id": 1, "model_output": [{"text": "4", "original_text": "<think>..</think>4"}]},
-    ])
+    jsonl(
+        tmp_path / "task-000-gsm8k-predictions.jsonl",
+        [
+            {"doc_id": 0, "native_id": 10, "model_output": [{"continuation": " 7", "sum_logits": -2.0}]},
+            {"doc_id": 1, "model_output": [{"text": "4", "original_text": "<think>..</think>4"}]},
+        ],
+    )
     provider = ReplayProvider.from_path(tmp_path)
     assert provider.model is None
     assert texts(provider.generate([req("a", "p0"), req("b", "p1")])) == [[" 7"], ["<think>..</think>4"]]
@@ -220,8 +241,9 @@ def lm_row(doc_id: int, context: Any, resps: list[str], filt: str = "strict-matc
         "doc_id": doc_id,
         "doc": {"question": f"q{doc_id}", "answer": "#### 4"},
         "target": "4",
-        "arguments": {"gen_args_0": {"arg_0": context,
-                                     "arg_1": {"until": ["Question:"], "do_sample": False}}},
+        "arguments": {
+            "gen_args_0": {"arg_0": context, "arg_1": {"until": ["Question:"], "do_sample": False}}
+        },
         "resps": [resps],
         "filtered_resps": [resps[0][-1:]],
         "filter": filt,
@@ -235,20 +257,27 @@ def lm_row(doc_id: int, context: Any, resps: list[str], filt: str = "strict-matc
 
 def lm_loglikelihood_row(doc_id: int) -> dict:
     return {
-        "doc_id": doc_id, "doc": {}, "target": "0",
-        "arguments": {"gen_args_0": {"arg_0": "Q: sky?\nA:", "arg_1": " blue"},
-                      "gen_args_1": {"arg_0": "Q: sky?\nA:", "arg_1": " green"}},
+        "doc_id": doc_id,
+        "doc": {},
+        "target": "0",
+        "arguments": {
+            "gen_args_0": {"arg_0": "Q: sky?\nA:", "arg_1": " blue"},
+            "gen_args_1": {"arg_0": "Q: sky?\nA:", "arg_1": " green"},
+        },
         "resps": [[[-0.5, True]], [[-3.0, False]]],
         "filtered_resps": [[-0.5, True], [-3.0, False]],
-        "filter": "none", "metrics": ["acc"], "acc": 1.0,
+        "filter": "none",
+        "metrics": ["acc"],
+        "acc": 1.0,
     }
 
 
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Q: 5+5?"}]
 
 
-def lm_samples(directory: Path, model: str = "org/model-7b", task: str = "gsm8k_cot",
-               date: str = DATE) -> Path:
+def lm_samples(
+    directory: Path, model: str = "org/model-7b", task: str = "gsm8k_cot", date: str = DATE
+) -> Path:
     few_shot = "Question: 1+1?\nAnswer: 2\n\nQuestion: 2+2?\nAnswer:"
     rows = [
         lm_row(0, few_shot, [" 4"]),
@@ -280,15 +309,19 @@ def test_lm_eval_samples_in_their_layout(tmp_path: Path, where: str) -> None:
 
 
 def test_lm_eval_instances_render_the_saved_prompts(tmp_path: Path) -> None:
-    path = jsonl(tmp_path / f"samples_arith_{DATE}.jsonl", [
-        lm_row(0, "Question: 2+2?\nAnswer:", [" 4"]),
-        lm_row(0, "Question: 2+2?\nAnswer:", [" 4"], filt="flexible-extract"),
-        {**lm_row(1, [json.dumps(CHAT)], ["10"]), "target": "11"},
-        lm_loglikelihood_row(2),
-    ])
+    path = jsonl(
+        tmp_path / f"samples_arith_{DATE}.jsonl",
+        [
+            lm_row(0, "Question: 2+2?\nAnswer:", [" 4"]),
+            lm_row(0, "Question: 2+2?\nAnswer:", [" 4"], filt="flexible-extract"),
+            {**lm_row(1, [json.dumps(CHAT)], ["10"]), "target": "11"},
+            lm_loglikelihood_row(2),
+        ],
+    )
     found = lm_eval.instances(path)
     assert [(i["id"], i["prompt"], i["target"]) for i in found] == [
-        ("0", "Question: 2+2?\nAnswer:", "4"), ("1", CHAT, "11"),
+        ("0", "Question: 2+2?\nAnswer:", "4"),
+        ("1", CHAT, "11"),
     ]
     task = EvalTask("arith", found, prompt=lambda i: i["prompt"], scorer="numeric_match")
     result = task.evaluate(ReplayProvider.from_path(path))

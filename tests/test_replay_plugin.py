@@ -28,13 +28,21 @@ def write_saved_run(directory: Path, answers: dict[str, str], model: str = "save
     directory.mkdir()
     requests, predictions = [], []
     for iid, answer in answers.items():
-        request = Request(task="qa", instance_id=iid, context=f"What is {QUESTIONS[iid]}?",
-                          system_prompt="Reply with a number.")
+        request = Request(
+            task="qa",
+            instance_id=iid,
+            context=f"What is {QUESTIONS[iid]}?",
+            system_prompt="Reply with a number.",
+        )
         requests.append(request.to_row())
-        generation = {"text": answer, "original_text": f"<think>hmm</think>{answer}",
-                      "finish_reason": "stop", "prompt_tokens": 9, "completion_tokens": 4}
-        predictions.append({"instance_id": iid, "model": model, "generations": [generation],
-                            "scores": {}})
+        generation = {
+            "text": answer,
+            "original_text": f"<think>hmm</think>{answer}",
+            "finish_reason": "stop",
+            "prompt_tokens": 9,
+            "completion_tokens": 4,
+        }
+        predictions.append({"instance_id": iid, "model": model, "generations": [generation], "scores": {}})
     for name, rows in (("qa-requests.jsonl", requests), ("qa-predictions.jsonl", predictions)):
         (directory / name).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     return directory
@@ -47,16 +55,18 @@ def metrics_doc(path: Path) -> dict[str, Any]:
 def test_a_collected_task_is_rescored_from_saved_predictions(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_evals=EVALS)
     write_saved_run(pytester.path / "saved", {"a": "2", "b": "4", "c": "7", "d": "8"})
-    result = pytester.runpytest("--evalreplay-predictions=saved", "--evalreplay-output=out",
-                                "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        "--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"
+    )
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["*qa: 4 instances, 4 items, 0 failed*exact_match=0.75*"])
     doc = metrics_doc(pytester.path / "out")
     assert doc["metrics"] == {"exact_match": 0.75}
     assert doc["model"] == "saved-model"
     # the replayed run dir can itself be replayed, and gives the same metrics
-    again = pytester.runpytest("--evalreplay-predictions=out", "--evalreplay-output=again",
-                               "-p", "no:cacheprovider")
+    again = pytester.runpytest(
+        "--evalreplay-predictions=out", "--evalreplay-output=again", "-p", "no:cacheprovider"
+    )
     again.assert_outcomes(passed=4)
     assert metrics_doc(pytester.path / "again")["metrics"] == {"exact_match": 0.75}
 
@@ -66,8 +76,9 @@ def test_instances_missing_from_the_saved_run_fail_instead_of_scoring_zero(
 ) -> None:
     pytester.makepyfile(test_evals=EVALS)
     write_saved_run(pytester.path / "saved", {"a": "2", "b": "5", "c": "6"})
-    result = pytester.runpytest("--evalreplay-predictions=saved", "--evalreplay-output=out",
-                                "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        "--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"
+    )
     result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines(["*no saved generation matches this prompt (task qa, instance d)*"])
     doc = metrics_doc(pytester.path / "out")
@@ -80,11 +91,15 @@ def test_an_unreadable_saved_run_is_a_usage_error_naming_files(pytester: pytest.
     saved = write_saved_run(pytester.path / "saved", {"a": "2"})
     other = saved / "other-requests.jsonl"
     other.write_bytes(orjson.dumps(Request(task="other", instance_id="z", context="hi").to_row()) + b"\n")
-    (saved / "other-predictions.jsonl").write_bytes(orjson.dumps(
-        {"instance_id": "z", "model": "another-model", "generations": [{"text": "x"}], "scores": {}}
-    ) + b"\n")
-    result = pytester.runpytest("--evalreplay-predictions=saved", "--evalreplay-output=out",
-                                "-p", "no:cacheprovider")
+    (saved / "other-predictions.jsonl").write_bytes(
+        orjson.dumps(
+            {"instance_id": "z", "model": "another-model", "generations": [{"text": "x"}], "scores": {}}
+        )
+        + b"\n"
+    )
+    result = pytester.runpytest(
+        "--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*holds predictions of 2 models*another-model*saved-model*"])
 

@@ -102,12 +102,14 @@ def test_no_match_is_final_and_says_what_to_check(tmp_path: Path) -> None:
 def test_the_system_prompt_is_part_of_the_key(tmp_path: Path) -> None:
     save(tmp_path, "t", [req("a", "same", system_prompt="Be brief.")], [pred("a", "yes")])
     provider = ReplayProvider.from_path(tmp_path)
-    same, other, none, empty = provider.generate([
-        req("a", "same", system_prompt="Be brief."),
-        req("a", "same", system_prompt="Be verbose."),
-        req("a", "same"),
-        req("a", "same", system_prompt=""),
-    ])
+    same, other, none, empty = provider.generate(
+        [
+            req("a", "same", system_prompt="Be brief."),
+            req("a", "same", system_prompt="Be verbose."),
+            req("a", "same"),
+            req("a", "same", system_prompt=""),
+        ]
+    )
     assert [g.text for g in same] == ["yes"]
     for result in (other, none, empty):
         assert isinstance(result, GenerationError)
@@ -174,8 +176,12 @@ def test_a_prompt_saved_for_several_instances_replays_when_they_agree(tmp_path: 
 
 
 def test_a_prompt_saved_for_several_instances_fails_when_they_differ(tmp_path: Path) -> None:
-    path = save(tmp_path, "t", [req("a", "same"), req("b", "same"), req("c", "other")],
-                [pred("a", "x"), pred("b", "y"), pred("c", "z")])
+    path = save(
+        tmp_path,
+        "t",
+        [req("a", "same"), req("b", "same"), req("c", "other")],
+        [pred("a", "x"), pred("b", "y"), pred("c", "z")],
+    )
     provider = ReplayProvider.from_path(tmp_path)
     a, b, c = provider.generate([req("a", "same"), req("b", "same"), req("c", "other")])
     for result in (a, b):
@@ -186,8 +192,12 @@ def test_a_prompt_saved_for_several_instances_fails_when_they_differ(tmp_path: P
 
 
 def test_stages_disambiguate_a_prompt_saved_in_several_stages(tmp_path: Path) -> None:
-    save(tmp_path, "t", [req("a", "same"), req("a", "same", stage=2)],
-         [pred("a", "first"), pred("a", "second", stage=2)])
+    save(
+        tmp_path,
+        "t",
+        [req("a", "same"), req("a", "same", stage=2)],
+        [pred("a", "first"), pred("a", "second", stage=2)],
+    )
     s1, s2 = ReplayProvider.from_path(tmp_path).generate([req("a", "same"), req("a", "same", stage=2)])
     assert [g.text for g in s1] == ["first"] and [g.text for g in s2] == ["second"]
 
@@ -273,10 +283,12 @@ def test_loglikelihood_saves_are_skipped(tmp_path: Path) -> None:
 def test_image_and_tool_requests_are_generation_errors(tmp_path: Path) -> None:
     save(tmp_path, "t", [req("a", "look")], [pred("a", "a cat")])
     provider = ReplayProvider.from_path(tmp_path)
-    image, tool = provider.generate([
-        req("a", "look", images=("cat.png",)),
-        req("a", "look", tools=({"type": "function", "function": {"name": "f"}},)),
-    ])
+    image, tool = provider.generate(
+        [
+            req("a", "look", images=("cat.png",)),
+            req("a", "look", tools=({"type": "function", "function": {"name": "f"}},)),
+        ]
+    )
     assert isinstance(image, GenerationError) and "images" in image.message and not image.retryable
     assert isinstance(tool, GenerationError) and "tools" in tool.message and not tool.retryable
 
@@ -294,9 +306,13 @@ def test_saves_of_image_requests_are_skipped(tmp_path: Path) -> None:
 def test_a_sample_count_mismatch_is_an_error(tmp_path: Path) -> None:
     save(tmp_path, "t", [req("a", num_samples=2)], [pred("a", "x", "y")])
     provider = ReplayProvider.from_path(tmp_path)
-    (fewer, more, exact) = provider.generate([
-        req("a", num_samples=3), req("a", num_samples=1), req("a", num_samples=2),
-    ])
+    (fewer, more, exact) = provider.generate(
+        [
+            req("a", num_samples=3),
+            req("a", num_samples=1),
+            req("a", num_samples=2),
+        ]
+    )
     assert isinstance(fewer, GenerationError) and not fewer.retryable
     assert "saved sample count 2 differs from num_samples 3" in fewer.message
     assert isinstance(more, GenerationError)
@@ -319,8 +335,12 @@ def test_a_row_with_some_rollouts_counts_only_those(tmp_path: Path) -> None:
 
 def test_rows_appended_by_a_resumed_run_are_merged(tmp_path: Path) -> None:
     request = req("a", num_samples=3)
-    save(tmp_path, "t", [request, request],
-         [pred("a", "r0", "old", rollouts=[0, 1]), pred("a", "r1", "r2", rollouts=[1, 2])])
+    save(
+        tmp_path,
+        "t",
+        [request, request],
+        [pred("a", "r0", "old", rollouts=[0, 1]), pred("a", "r1", "r2", rollouts=[1, 2])],
+    )
     (gens,) = ReplayProvider.from_path(tmp_path).generate([request])
     assert [g.text for g in gens] == ["r0", "r1", "r2"]
 
@@ -378,5 +398,7 @@ def test_any_prompt_round_trips_through_the_written_files(
     save(directory, "t", requests, [pred(r.instance_id, answer) for r in requests])
     results = ReplayProvider.from_path(directory).generate(requests)
     # repeated prompts all saved the same answer, so every request is served
-    assert results == [[Generation(text=answer, finish_reason="stop", prompt_tokens=3,
-                                   completion_tokens=1)] for _ in requests]
+    assert results == [
+        [Generation(text=answer, finish_reason="stop", prompt_tokens=3, completion_tokens=1)]
+        for _ in requests
+    ]

@@ -125,8 +125,9 @@ class IndexBuilder:
     fallback_model: str | None = None
     skipped: int = 0
 
-    def add_file(self, path: Path, task: str, layout: str, decode: Decoder,
-                 linenos: list[int] | None = None) -> SavedFile:
+    def add_file(
+        self, path: Path, task: str, layout: str, decode: Decoder, linenos: list[int] | None = None
+    ) -> SavedFile:
         """Start a file; its blobs are appended to `blobs` from now on."""
         saved = SavedFile(path, task, layout, decode, len(self.blobs), linenos)
         self.files.append(saved)

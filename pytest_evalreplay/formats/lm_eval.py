@@ -103,10 +103,7 @@ def _load(builder: IndexBuilder, path: Path) -> None:
             builder.skipped += 1  # loglikelihood / multiple choice
             continue
         try:
-            keys = tuple(
-                prompt_key(context, system)
-                for context, system in _prompts(_context(args[0][0]))
-            )
+            keys = tuple(prompt_key(context, system) for context, system in _prompts(_context(args[0][0])))
         except (TypeError, AttributeError):
             raise bad_row(path, lineno, "arguments.gen_args_0.arg_0 must be the prompt") from None
         if seen.get(doc_id) == keys:
@@ -143,8 +140,10 @@ def _context(arg0: Any) -> Context:
             messages = orjson.loads(arg0)
         except orjson.JSONDecodeError:
             return arg0
-        if isinstance(messages, list) and messages and all(
-            isinstance(m, dict) and "role" in m for m in messages
+        if (
+            isinstance(messages, list)
+            and messages
+            and all(isinstance(m, dict) and "role" in m for m in messages)
         ):
             return messages
         return arg0

@@ -155,7 +155,8 @@ def read_requests(path: Path) -> tuple[list[JoinKey], list[bytes | None]]:
                 add_prompt(None)
         except (KeyError, TypeError, AttributeError):
             raise bad_row(
-                path, lineno,
+                path,
+                lineno,
                 "a requests row is an object with 'instance_id', 'request_type', 'context' "
                 "and a string or null 'system_prompt'",
             ) from None

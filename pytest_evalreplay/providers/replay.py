@@ -123,8 +123,7 @@ class ReplayProvider:
         save = choose(saves, request.stage)
         if save is None:
             listing = ", ".join(
-                f"{s.where[0]} (instance {s.instance_id}"
-                + (f", stage {s.stage})" if s.stage != 1 else ")")
+                f"{s.where[0]} (instance {s.instance_id}" + (f", stage {s.stage})" if s.stage != 1 else ")")
                 for s in saves[:4]
             )
             more = f" and {len(saves) - 4} more" if len(saves) > 4 else ""

@@ -1,0 +1,166 @@
+"""CI regression gates: a threshold, a paired comparison with a baseline, and
+a failure budget, judged over plain data (per-instance scores and counts).
+
+A drop fails the gate only when it is both larger than `max_drop` and
+significant: a one-sided Wilcoxon signed-rank test over the instances both
+runs scored, so that noise on a small eval set does not break CI, and a real
+regression on a large one does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+from pytest_evalreplay.model import EvalReplayError
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Fail the task's gate item when `metric` is below `min`, or has dropped
+    more than `max_drop` below the baseline with significance `alpha`."""
+
+    metric: str
+    min: float | None = None
+    max_drop: float | None = None
+    alpha: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metric, str) or not self.metric:
+            raise EvalReplayError("Gate(metric=...) must name a metric, e.g. Gate('exact_match', min=0.6)")
+        if not 0 < self.alpha < 1:
+            raise EvalReplayError(f"Gate(alpha={self.alpha!r}) must be between 0 and 1")
+        if self.max_drop is not None and self.max_drop < 0:
+            raise EvalReplayError(f"Gate(max_drop={self.max_drop!r}) must be >= 0")
+
+
+@dataclass(frozen=True)
+class BaselineTask:
+    """One task's entry in a baseline file."""
+
+    metrics: Mapping[str, float]
+    scores: Mapping[str, float] = field(default_factory=dict)
+    metric: str | None = None  # which metric `scores` holds
+
+
+@dataclass(frozen=True)
+class PairedDrop:
+    n: int  # instances scored by both runs
+    drop: float  # mean of baseline - current over those instances
+    p_value: float  # one-sided: current is lower than baseline
+
+
+def paired_drop(current: Mapping[str, float], baseline: Mapping[str, float]) -> PairedDrop:
+    """Compare the instances both runs scored: mean drop and one-sided p-value."""
+    common = sorted(current.keys() & baseline.keys())
+    if not common:
+        return PairedDrop(n=0, drop=math.nan, p_value=1.0)
+    diff = np.array([current[i] - baseline[i] for i in common], dtype=float)
+    if not np.any(diff):
+        return PairedDrop(n=len(common), drop=0.0, p_value=1.0)
+    result = stats.wilcoxon(diff, alternative="less", zero_method="zsplit")
+    return PairedDrop(n=len(common), drop=float(-diff.mean()), p_value=float(result.pvalue))
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    task: str
+    gate: Gate
+    value: float | None
+    num_items: int
+    num_failed: int
+    budget: float
+    baseline: float | None = None
+    paired: PairedDrop | None = None
+    reasons: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons
+
+    def describe(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        value = "missing" if self.value is None else f"{self.value:.4f}"
+        parts = [f"{self.gate.metric}={value}"]
+        if self.gate.min is not None:
+            parts.append(f"min {self.gate.min:g}")
+        if self.baseline is not None and self.paired is not None:
+            parts.append(
+                f"baseline {self.baseline:.4f}, paired drop {self.paired.drop:+.4f} over "
+                f"{self.paired.n} instances (p={self.paired.p_value:.3g}, max_drop {self.gate.max_drop:g})"
+            )
+        parts.append(f"{self.num_failed}/{self.num_items} items failed (budget {self.budget:g})")
+        text = f"{verdict} " + "; ".join(parts)
+        for reason in self.reasons:
+            text += f"\n  - {reason}"
+        for note in self.notes:
+            text += f"\n  note: {note}"
+        return text
+
+
+def evaluate(
+    task: str,
+    gate: Gate,
+    metrics: Mapping[str, float],
+    scores: Mapping[str, float],
+    num_items: int,
+    num_failed: int,
+    budget: float,
+    baseline: BaselineTask | None,
+) -> GateOutcome:
+    """Judge one task: `scores` are its per-instance values of the gated metric."""
+    reasons: list[str] = []
+    notes: list[str] = []
+    value = metrics.get(gate.metric)
+    if value is None:
+        reasons.append(f"the task produced no {gate.metric!r} metric (it has: {sorted(metrics) or 'none'})")
+    elif gate.min is not None and value < gate.min:
+        reasons.append(f"{gate.metric} {value:.4f} is below min {gate.min:g}")
+    if num_items and num_failed / num_items > budget:
+        reasons.append(
+            f"{num_failed} of {num_items} items failed ({num_failed / num_items:.1%}), over the failure "
+            f"budget {budget:.1%} (--evalreplay-failure-budget)"
+        )
+    base_value: float | None = None
+    paired: PairedDrop | None = None
+    if gate.max_drop is not None:
+        if baseline is None:
+            notes.append("max_drop not checked: no baseline for this task (--evalreplay-baseline)")
+        elif gate.metric not in baseline.metrics:
+            reasons.append(
+                f"the baseline has no {gate.metric!r} metric for this task; "
+                "write it again with --evalreplay-update-baseline"
+            )
+        elif baseline.metric != gate.metric or not baseline.scores:
+            reasons.append(
+                f"the baseline has no per-instance {gate.metric!r} scores to pair with; "
+                "write it again with --evalreplay-update-baseline"
+            )
+        else:
+            base_value = float(baseline.metrics[gate.metric])
+            paired = paired_drop(scores, baseline.scores)
+            if paired.n == 0:
+                reasons.append("no instance was scored by both this run and the baseline")
+            elif paired.drop > gate.max_drop and paired.p_value < gate.alpha:
+                reasons.append(
+                    f"{gate.metric} dropped {paired.drop:.4f} below the baseline over {paired.n} paired "
+                    f"instances (more than max_drop {gate.max_drop:g}, p={paired.p_value:.3g} < "
+                    f"alpha {gate.alpha:g})"
+                )
+    return GateOutcome(
+        task=task,
+        gate=gate,
+        value=value,
+        num_items=num_items,
+        num_failed=num_failed,
+        budget=budget,
+        baseline=base_value,
+        paired=paired,
+        reasons=tuple(reasons),
+        notes=tuple(notes),
+    )

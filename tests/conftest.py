@@ -1,0 +1,43 @@
+"""Shared fixtures. The real-vLLM ones skip when vLLM is not installed."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from llm_fixtures import ENGINE_ARGS, build_tiny_llama
+
+
+def _need_vllm() -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'pytest-evalreplay[vllm]')")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with a chat template, built once per session."""
+    _need_vllm()
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def engine_args() -> dict[str, Any]:
+    return dict(ENGINE_ARGS)
+
+
+@pytest.fixture(scope="session")
+def vllm_provider(tiny_llama: Path, engine_args: dict[str, Any]) -> Iterator[Any]:
+    """One real vLLM engine for the whole session (start-up is ~20-50 s on CPU)."""
+    from pytest_evalreplay.providers.vllm import VllmProvider
+
+    provider = VllmProvider(str(tiny_llama), engine_args, quiet=True)
+    provider.llm  # noqa: B018 - start now, so a broken engine errors in setup
+    try:
+        yield provider
+    finally:
+        provider.close()
