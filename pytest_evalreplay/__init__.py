@@ -2,6 +2,7 @@
 and gate-able in CI."""
 
 from pytest_evalreplay import scorers
+from pytest_evalreplay.gates import Gate
 from pytest_evalreplay.model import (
     EvalReplayError,
     EvalResult,
@@ -17,6 +18,7 @@ __all__ = [
     "EvalReplayError",
     "EvalResult",
     "EvalTask",
+    "Gate",
     "Generation",
     "GenerationError",
     "Provider",

@@ -14,8 +14,9 @@ from typing import Any
 
 from xdist.scheduler import LoadScopeScheduling
 
-# <file>::<task>::<instance>[s<stage>-r<rollout>]: the scope is <file>::<task>.
-_EVAL_ITEM = re.compile(r"^(?P<scope>.+::[A-Za-z0-9_.-]+)::[^:]+\[s\d+-r\d+\]$")
+# <file>::<task>::<instance>[s<stage>-r<rollout>] and <file>::<task>::gate: the
+# scope is <file>::<task>, so a task's gate runs on the worker that ran the task.
+_EVAL_ITEM = re.compile(r"^(?P<scope>.+::[A-Za-z0-9_.-]+)::(?:[^:]+\[s\d+-r\d+\]|gate)$")
 
 
 def scope_of(nodeid: str) -> str:

@@ -8,13 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_evalreplay.model import RolloutResult
+from pytest_evalreplay.model import EvalReplayError, RolloutResult
 from pytest_evalreplay.task import EvalTask
 
 if TYPE_CHECKING:
-    pass
+    from typing_extensions import Self
 
-SESSION_KEY = pytest.StashKey["EvalSession"]()
+    from pytest_evalreplay.session import EvalSession
+
+SESSION_KEY: pytest.StashKey[EvalSession] = pytest.StashKey()
 REUSED_REASON = "evalreplay: reused from journal"
 
 
@@ -47,27 +49,45 @@ class TaskCollector(pytest.Collector):
                     instance_id=instance["id"],
                     rollout=rollout,
                 )
+        if self.task.gate is not None:
+            yield GateItem.from_parent(self, name="gate", task=self.task)
 
 
-class RolloutItem(pytest.Item):
+class TaskItem(pytest.Item):
+    """An item of an eval task: marked `evalreplay`, matched by the task's
+    name, failing with a one-line message rather than a traceback."""
+
+    def __init__(self, *, task: EvalTask, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.task = task
+        self.add_marker("evalreplay")
+        self.extra_keyword_matches.add(task.name)
+
+    @classmethod
+    def from_parent(cls, parent: pytest.Collector, **kwargs: Any) -> Self:  # type: ignore[override]
+        return super().from_parent(parent, **kwargs)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, ItemFailed):
+            return f"{self.task.name} {self.name}: {excinfo.value}"
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        line = self.task.defined_line - 1 if self.task.defined_in == self.path else 0
+        return self.path, line, f"{self.task.name}::{self.name}"
+
+
+class RolloutItem(TaskItem):
     """One rollout of one instance. Running it reads the task's batched result
     (the first item of a batch to run generates the whole batch)."""
 
-    def __init__(self, *, task: EvalTask, stage: int, instance_id: str, rollout: int, **kwargs: Any) -> None:
+    def __init__(self, *, stage: int, instance_id: str, rollout: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.task = task
         self.stage = stage
         self.instance_id = instance_id
         self.rollout = rollout
-        self.add_marker("evalreplay")
-        self.extra_keyword_matches.update(
-            {task.name, instance_id, f"s{stage}", f"r{rollout}", f"s{stage}-r{rollout}"}
-        )
+        self.extra_keyword_matches.update({instance_id, f"s{stage}", f"r{rollout}", f"s{stage}-r{rollout}"})
         self.user_properties.extend(_identity(self))
-
-    @classmethod
-    def from_parent(cls, parent: pytest.Collector, **kwargs: Any) -> RolloutItem:  # type: ignore[override]
-        return super().from_parent(parent, **kwargs)
 
     @property
     def key(self) -> tuple[int, str, int]:
@@ -79,14 +99,30 @@ class RolloutItem(pytest.Item):
         if not result.ok:
             raise ItemFailed(result.error)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        if isinstance(excinfo.value, ItemFailed):
-            return f"{self.task.name} {self.name}: {excinfo.value}"
-        return super().repr_failure(excinfo, style=style)
 
-    def reportinfo(self) -> tuple[Any, int | None, str]:
-        line = self.task.defined_line - 1 if self.task.defined_in == self.path else 0
-        return self.path, line, f"{self.task.name}::{self.name}"
+class GateItem(TaskItem):
+    """`<file>::<task>::gate`: judges the task's results against its Gate.
+    Collected after the task's rollouts, so it runs once they have."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.user_properties.append(("evalreplay.gate", self.task.name))
+
+    def runtest(self) -> None:
+        try:
+            outcome = self.config.stash[SESSION_KEY].gate_outcome(self.task)
+        except EvalReplayError as exc:
+            raise ItemFailed(str(exc)) from None
+        self.user_properties.extend(
+            [
+                ("gate.metric", outcome.gate.metric),
+                ("gate.value", outcome.value),
+                ("gate.passed", outcome.passed),
+                ("gate.summary", outcome.describe()),
+            ]
+        )
+        if not outcome.passed:
+            raise ItemFailed(outcome.describe())
 
 
 def _identity(item: RolloutItem) -> list[tuple[str, object]]:

@@ -34,6 +34,9 @@ class Settings:
     resume: bool = False
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     batch_size: int | None = None
+    failure_budget: float = 0.0
+    baseline: Path | None = None
+    update_baseline: bool = False
     quiet: bool = False
 
     @property
@@ -84,6 +87,18 @@ _OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         {"metavar": "N"},
     ),
     (
+        "failure-budget",
+        "string",
+        "fraction of a task's items allowed to fail before its gate fails (default 0)",
+        {"metavar": "F"},
+    ),
+    (
+        "baseline",
+        "string",
+        "baseline file that gated metrics are compared with",
+        {"metavar": "FILE"},
+    ),
+    (
         "batch-size",
         "string",
         "requests per provider call (default: what the provider prefers; the whole task for most)",
@@ -109,6 +124,16 @@ def add_options(parser: pytest.Parser) -> None:
         help="reuse every item the fingerprinted journal holds as done; run only the rest",
     )
     parser.addini("evalreplay_resume", "always resume (bool)", type="bool", default=False)
+    group.addoption(
+        "--evalreplay-update-baseline",
+        action="store_true",
+        default=False,
+        dest="evalreplay_update_baseline",
+        help="write the baseline file (--evalreplay-baseline) from this run's results",
+    )
+    parser.addini(
+        "evalreplay_update_baseline", "write the baseline from this run (bool)", type="bool", default=False
+    )
 
 
 def _raw(config: pytest.Config, name: str) -> Any:
@@ -174,6 +199,16 @@ def resolve(config: pytest.Config) -> Settings:
         p = Path(raw).expanduser()
         return p if p.is_absolute() else Path(config.invocation_params.dir) / p
 
+    budget = _number(config, "failure-budget", float, 0.0, 0.0)
+    if budget > 1:
+        raise pytest.UsageError(f"--evalreplay-failure-budget must be a fraction in [0, 1], got {budget}")
+    update_baseline = bool(
+        config.getoption("evalreplay_update_baseline") or config.getini("evalreplay_update_baseline")
+    )
+    if update_baseline and path("baseline") is None:
+        raise pytest.UsageError(
+            "--evalreplay-update-baseline needs --evalreplay-baseline=FILE (ini evalreplay_baseline) to write"
+        )
     try:
         engine_args = parse_engine_args(_raw(config, "engine-arg") or [])
     except EvalReplayError as exc:
@@ -190,5 +225,8 @@ def resolve(config: pytest.Config) -> Settings:
         resume=bool(config.getoption("evalreplay_resume") or config.getini("evalreplay_resume")),
         max_attempts=_number(config, "max-attempts", int, 1, DEFAULT_MAX_ATTEMPTS),
         batch_size=_number(config, "batch-size", int, 1, None),
+        failure_budget=budget,
+        baseline=path("baseline"),
+        update_baseline=update_baseline,
         quiet=config.getoption("verbose") < 0,
     )

@@ -36,9 +36,16 @@ class TaskTally:
 @dataclass
 class Summary:
     tasks: dict[str, TaskTally] = field(default_factory=dict)
+    gates: dict[str, tuple[bool, str]] = field(default_factory=dict)  # task -> (passed, verdict)
 
     def add(self, report: pytest.TestReport) -> None:
         props: Mapping[str, Any] = dict(report.user_properties)
+        gated = props.get("evalreplay.gate")
+        if gated is not None:
+            if report.when == "call" or report.failed:
+                text = props.get("gate.summary") or f"FAIL {report.longreprtext.strip()}"
+                self.gates[str(gated)] = (report.passed, str(text))
+            return
         task = props.get("evalreplay.task")
         if task is None:
             return
@@ -73,13 +80,15 @@ class Summary:
         return out
 
     def terminal(self, tr: pytest.TerminalReporter, notes: list[str]) -> None:
-        if not self.tasks and not notes:
+        if not self.tasks and not self.gates and not notes:
             return
         tr.write_sep("=", "evalreplay summary")
         for name, instances, items, failed, reused, metrics in self.rows():
             tr.write_line(
                 f"{name}: {instances} instances, {items} items, {failed} failed, {reused} reused | {metrics}"
             )
+        for name, (_, verdict) in sorted(self.gates.items()):
+            tr.write_line(f"gate {name}: {verdict}")
         for note in notes:
             tr.write_line(f"note: {note}")
 
@@ -91,6 +100,11 @@ class Summary:
             "|---|---:|---:|---:|---:|---|",
         ]
         lines += [f"| {n} | {i} | {it} | {f} | {r} | {m} |" for n, i, it, f, r, m in self.rows()]
+        if self.gates:
+            lines += ["", "| gate | verdict | details |", "|---|---|---|"]
+            for name, (passed, verdict) in sorted(self.gates.items()):
+                details = verdict.split(" ", 1)[1].replace("\n", "<br>") if " " in verdict else verdict
+                lines.append(f"| {name} | {'pass' if passed else '**FAIL**'} | {details} |")
         if notes:
             lines += ["", *[f"- {note}" for note in notes]]
         return "\n".join(lines) + "\n"

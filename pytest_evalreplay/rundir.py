@@ -98,13 +98,29 @@ def clear_task(directory: Path, task: str) -> None:
             path.unlink(missing_ok=True)
 
 
+def metrics_doc(task: str, state: JournalState) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    """A task's `<task>-metrics.json` document from its journal, and each
+    instance's scores: what the run dir records and what gates judge."""
+    failed = state.final_failures()
+    metrics, scores = aggregate(list(state.done.values()))
+    doc: dict[str, Any] = {
+        "task": task,
+        "model": next((m for m in state.models.values() if m), None),
+        "metrics": metrics,
+        "num_instances": len({k[1] for k in state.done} | {k[1] for k in failed}),
+        "num_items": len(state.done) + len(failed),
+        "num_failed": len(failed),
+        "failed": sorted(f"{iid}[s{s}-r{r}]" for (s, iid, r) in failed),
+    }
+    return doc, scores
+
+
 def finalize(
     directory: Path,
     task: str,
     state: JournalState,
     instance_order: Sequence[str],
     num_samples: int,
-    extra_metrics: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Rewrite a task's files from its journal in canonical order; return the metrics doc."""
     order = {iid: i for i, iid in enumerate(instance_order)}
@@ -112,21 +128,9 @@ def finalize(
     for result in state.done.values():
         grouped.setdefault((result.stage, result.instance_id), []).append(result)
     keys = sorted(grouped, key=lambda k: (order.get(k[1], len(order)), k[1], k[0]))
-    model = next((m for m in state.models.values() if m), None)
+    doc, _ = metrics_doc(task, state)
     requests = [state.requests[k] for k in keys if k in state.requests]
-    predictions = [prediction_row(k[1], k[0], grouped[k], num_samples, model) for k in keys]
-    failed = state.final_failures()
-    metrics, _ = aggregate(list(state.done.values()))
-    doc: dict[str, Any] = {
-        "task": task,
-        "model": model,
-        "metrics": metrics,
-        "num_instances": len({k[1] for k in keys} | {k[1] for k in failed}),
-        "num_items": len(state.done) + len(failed),
-        "num_failed": len(failed),
-        "failed": sorted(f"{iid}[s{s}-r{r}]" for (s, iid, r) in failed),
-        **(extra_metrics or {}),
-    }
+    predictions = [prediction_row(k[1], k[0], grouped[k], num_samples, doc["model"]) for k in keys]
     files = task_files(directory, task)
     directory.mkdir(parents=True, exist_ok=True)
     with _lock(directory):

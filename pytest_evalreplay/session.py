@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_evalreplay import journal, rundir
+from pytest_evalreplay import baseline, gates, journal, rundir
 from pytest_evalreplay.execution import AttemptFailure, RequestKey, run_requests
 from pytest_evalreplay.fingerprint import fingerprint
-from pytest_evalreplay.items import RolloutItem, mark_reused
+from pytest_evalreplay.items import GateItem, RolloutItem, TaskItem, mark_reused
 from pytest_evalreplay.journal import Failure, JournalState, JournalWriter, RolloutKey
 from pytest_evalreplay.model import EvalReplayError, Provider, Request, RolloutResult
 from pytest_evalreplay.options import Settings
@@ -77,6 +77,7 @@ class EvalSession:
         self.progress = progress
         self.runs: dict[str, TaskRun] = {}
         self.notes: list[str] = []
+        self._baseline: dict[str, gates.BaselineTask] | None = None
 
     @property
     def output(self) -> Path:
@@ -119,7 +120,7 @@ class EvalSession:
         taken: a bad provider setting (an unreadable predictions dir, vLLM not
         installed) is then a usage error before the first item rather than a
         failure of every item, and the provider's model joins the fingerprint."""
-        if any(isinstance(item, RolloutItem) for item in items):
+        if any(isinstance(item, TaskItem) for item in items):
             _ = self.provider
 
     def replay_provider(self) -> Provider:
@@ -140,6 +141,8 @@ class EvalSession:
     def register(self, items: Sequence[Any]) -> None:
         """Group the selected items by task; on --resume, mark what the journal holds."""
         for item in items:
+            if isinstance(item, GateItem):
+                self.runs.get(item.task.name) or self._new_run(item.task)
             if not isinstance(item, RolloutItem):
                 continue
             run = self.runs.get(item.task.name) or self._new_run(item.task)
@@ -289,17 +292,64 @@ class EvalSession:
             ],
         )
 
+    # -- gates -------------------------------------------------------------
+
+    def baseline(self) -> dict[str, gates.BaselineTask]:
+        if self._baseline is None:
+            path = self.settings.baseline
+            self._baseline = baseline.read(path) if path is not None else {}
+        return self._baseline
+
+    def gate_outcome(self, task: EvalTask) -> gates.GateOutcome:
+        """Judge a task's gate on what its journal holds for this configuration
+        (this run's rollouts and, under --resume, the reused ones)."""
+        assert task.gate is not None
+        run = self.runs[task.name]
+        state = journal.read(self.output, task.name)
+        if state.fingerprint != run.fingerprint:
+            raise EvalReplayError(
+                f"no results of this configuration for task {task.name!r} yet: run its items "
+                "(a -k that selects the gate alone judges the journal of the last run)"
+            )
+        doc, scores = rundir.metrics_doc(task.name, state)
+        metric = task.gate.metric
+        return gates.evaluate(
+            task=task.name,
+            gate=task.gate,
+            metrics=doc["metrics"],
+            scores={iid: s[metric] for iid, s in scores.items() if metric in s},
+            num_items=doc["num_items"],
+            num_failed=doc["num_failed"],
+            budget=self.settings.failure_budget,
+            baseline=self.baseline().get(task.name),
+        )
+
+    def _baseline_entry(self, task: EvalTask, state: JournalState) -> gates.BaselineTask:
+        doc, scores = rundir.metrics_doc(task.name, state)
+        metrics = doc["metrics"]
+        # The gated metric's per-instance scores; with no gate, a sole metric's.
+        metric = task.gate.metric if task.gate is not None else None
+        if metric is None and len(metrics) == 1:
+            metric = next(iter(metrics))
+        per_instance = {iid: s[metric] for iid, s in scores.items() if metric in s} if metric else {}
+        return gates.BaselineTask(metrics=metrics, scores=per_instance, metric=metric)
+
     # -- the end -----------------------------------------------------------
 
     def finish(self) -> list[dict[str, Any]]:
         """Rewrite each touched task's run dir files from its journal; write the manifest."""
         docs: list[dict[str, Any]] = []
+        entries: dict[str, gates.BaselineTask] = {}
         for name, run in self.runs.items():
             if not (run.writer.opened or run.reused or run.prior_failed):
                 continue
             state = journal.read(self.output, name)
             order = [inst["id"] for inst in run.task.instances]
             docs.append(rundir.finalize(self.output, name, state, order, run.task.num_samples))
+            entries[name] = self._baseline_entry(run.task, state)
+        if self.settings.update_baseline and self.settings.baseline is not None and entries:
+            baseline.update(self.settings.baseline, entries)
+            self.notes.append(f"baseline {self.settings.baseline} updated for: {', '.join(sorted(entries))}")
         if docs:
             model = getattr(self._provider, "model", None) or next(
                 (d["model"] for d in docs if d.get("model")), None

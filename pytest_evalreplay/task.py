@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from pytest_evalreplay.gates import Gate
 from pytest_evalreplay.model import (
     Context,
     EvalReplayError,
@@ -152,6 +153,7 @@ class EvalTask:
         num_samples: int = 1,
         sampling: Mapping[str, Any] | None = None,
         strip_reasoning: bool = False,
+        gate: Gate | None = None,
     ) -> None:
         self.name = validate_task_name(name)
         self.defined_in, self.defined_line = _caller()
@@ -176,6 +178,10 @@ class EvalTask:
         self.num_samples = num_samples
         self.sampling = dict(sampling or {})
         self.strip_reasoning = strip_reasoning
+        if gate is not None and not isinstance(gate, Gate):
+            raise EvalReplayError(f"task {name!r}: gate must be a Gate(...), got {type(gate).__name__}")
+        # Not part of config(): a threshold changes the verdict, not the results.
+        self.gate = gate
         self._by_id = {inst["id"]: inst for inst in self.instances}
 
     def __repr__(self) -> str:

@@ -1,0 +1,111 @@
+"""Gate verdicts and the paired drop test, called directly."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_evalreplay import Gate
+from pytest_evalreplay.baseline import read, update
+from pytest_evalreplay.gates import BaselineTask, evaluate, paired_drop
+from pytest_evalreplay.model import EvalReplayError
+
+
+def judge(gate, scores, baseline=None, failed=0, budget=0.0):
+    metrics = {gate.metric: sum(scores.values()) / len(scores)} if scores else {}
+    return evaluate("t", gate, metrics, scores, len(scores) + failed, failed, budget, baseline)
+
+
+def test_min_threshold():
+    assert judge(Gate("acc", min=0.5), {"a": 1.0, "b": 0.0}).passed
+    outcome = judge(Gate("acc", min=0.6), {"a": 1.0, "b": 0.0})
+    assert not outcome.passed
+    assert "acc 0.5000 is below min 0.6" in outcome.reasons[0]
+
+
+def test_missing_metric_fails_naming_what_exists():
+    outcome = evaluate("t", Gate("acc"), {"f1": 0.5}, {}, 2, 0, 0.0, None)
+    assert "produced no 'acc' metric (it has: ['f1'])" in outcome.reasons[0]
+
+
+def test_failure_budget():
+    scores = {f"i{n}": 1.0 for n in range(9)}
+    assert not judge(Gate("acc"), scores, failed=1).passed
+    assert judge(Gate("acc"), scores, failed=1, budget=0.1).passed
+    assert not judge(Gate("acc"), scores, failed=2, budget=0.1).passed
+
+
+def test_paired_drop_detects_a_real_regression():
+    base = {f"i{n}": 1.0 for n in range(60)}
+    now = {f"i{n}": (0.0 if n < 15 else 1.0) for n in range(60)}
+    result = paired_drop(now, base)
+    assert result.n == 60
+    assert result.drop == pytest.approx(0.25)
+    assert result.p_value < 0.001
+    outcome = judge(Gate("acc", max_drop=0.05), now, BaselineTask({"acc": 1.0}, base, "acc"))
+    assert not outcome.passed
+    assert "dropped 0.2500 below the baseline over 60 paired instances" in outcome.reasons[0]
+
+
+def test_a_noisy_small_drop_is_not_significant():
+    base = {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0}
+    now = {"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0}  # drop 0.25 on four instances
+    outcome = judge(Gate("acc", max_drop=0.1), now, BaselineTask({"acc": 0.5}, base, "acc"))
+    assert outcome.passed
+    assert outcome.paired.p_value > 0.05
+
+
+def test_a_drop_within_max_drop_passes_even_if_significant():
+    base = {f"i{n}": 1.0 for n in range(200)}
+    now = {f"i{n}": (0.0 if n < 4 else 1.0) for n in range(200)}
+    assert judge(Gate("acc", max_drop=0.05), now, BaselineTask({"acc": 1.0}, base, "acc")).passed
+
+
+def test_identical_runs_and_improvements_pass():
+    base = {f"i{n}": float(n % 2) for n in range(30)}
+    assert paired_drop(base, base).p_value == 1.0
+    better = {k: 1.0 for k in base}
+    assert judge(Gate("acc", max_drop=0.0), better, BaselineTask({"acc": 0.5}, base, "acc")).passed
+
+
+def test_baseline_without_pairable_scores_fails_with_the_fix():
+    outcome = judge(Gate("acc", max_drop=0.1), {"a": 1.0}, BaselineTask({"acc": 1.0}, {}, None))
+    assert "--evalreplay-update-baseline" in outcome.reasons[0]
+    assert "no baseline" in judge(Gate("acc", max_drop=0.1), {"a": 1.0}).notes[0]
+
+
+def test_bad_gates():
+    with pytest.raises(EvalReplayError, match="alpha"):
+        Gate("acc", alpha=1.5)
+    with pytest.raises(EvalReplayError, match="max_drop"):
+        Gate("acc", max_drop=-0.1)
+
+
+def test_baseline_file_round_trip_and_merge(tmp_path):
+    path = tmp_path / "baseline.json"
+    assert read(path) == {}
+    update(path, {"a": BaselineTask({"acc": 0.5}, {"i1": 1.0, "i2": 0.0}, "acc")})
+    update(path, {"b": BaselineTask({"f1": 0.7})})
+    tasks = read(path)
+    assert set(tasks) == {"a", "b"}
+    assert tasks["a"].scores == {"i1": 1.0, "i2": 0.0}
+    assert tasks["a"].metric == "acc"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "malformed JSON"),
+        ('{"format": "other"}', "not an evalreplay-baseline/1 baseline"),
+        ('{"format": "evalreplay-baseline/1", "tasks": {"a": {}}}', 'needs a "metrics" object'),
+        (
+            '{"format": "evalreplay-baseline/1", "tasks": {"a": {"metrics": {"acc": "x"}}}}',
+            "expected a number",
+        ),
+    ],
+)
+def test_bad_baseline_files_name_the_file(tmp_path, content, message):
+    path = tmp_path / "b.json"
+    path.write_text(content)
+    with pytest.raises(EvalReplayError, match=message) as exc:
+        read(path)
+    assert str(path) in str(exc.value)
