@@ -132,3 +132,19 @@ def test_update_baseline_needs_a_file(pytester, suite):
     result = pytester.runpytest("--evalreplay-update-baseline")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--evalreplay-update-baseline needs --evalreplay-baseline=FILE*"])
+
+
+def test_gate_runs_on_the_worker_of_its_task_under_xdist(pytester, suite, monkeypatch):
+    pytest.importorskip("xdist")
+    suite("min=0.9")
+    result = run(pytester, monkeypatch, ["i00"], (), "-n", "2", "-p", "no:benchmark")
+    result.assert_outcomes(passed=41)
+    result.stdout.fnmatch_lines(["*gate qa: PASS exact_match=0.9750*"])
+
+
+def test_scope_of_groups_a_task_with_its_gate():
+    from pytest_evalreplay.distributed import scope_of
+
+    assert scope_of("t/test_e.py::qa::i00[s1-r0]") == "t/test_e.py::qa"
+    assert scope_of("t/test_e.py::qa::gate") == "t/test_e.py::qa"
+    assert scope_of("t/test_e.py::test_plain") == "t/test_e.py::test_plain"
