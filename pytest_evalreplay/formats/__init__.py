@@ -12,9 +12,10 @@ bytes in memory.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -197,6 +198,20 @@ def read_lines(path: Path) -> list[bytes]:
         return path.read_bytes().splitlines()
     except OSError as exc:
         raise EvalReplayError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def parse_lines(path: Path) -> Iterator[tuple[int, bytes, Any]]:
+    """Each non-blank line of a JSONL file: its number, its bytes and its row.
+    A line that does not parse is an error naming the file and line."""
+    loads = orjson.loads
+    for lineno, line in enumerate(read_lines(path), 1):
+        try:
+            row = loads(line)
+        except orjson.JSONDecodeError as exc:
+            if line.strip():
+                raise malformed(path, lineno, exc) from None
+            continue
+        yield lineno, line, row
 
 
 def malformed(path: Path, lineno: int, exc: Exception) -> EvalReplayError:

@@ -29,6 +29,7 @@ from pytest_evalreplay.formats import (
     SavedRow,
     bad_row,
     malformed,
+    parse_lines,
     read_lines,
 )
 from pytest_evalreplay.model import Context, EvalReplayError, Generation, prompt_key
@@ -82,13 +83,7 @@ def _load(builder: IndexBuilder, path: Path) -> None:
     blobs = builder.blobs
     setdefault = builder.keys.setdefault
     seen: dict[Any, tuple[bytes, ...]] = {}  # doc_id -> keys: one save per doc, not per filter
-    for lineno, line in enumerate(read_lines(path), 1):
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            if line.strip():
-                raise malformed(path, lineno, exc) from None
-            continue
+    for lineno, _, row in parse_lines(path):
         try:
             doc_id = row["doc_id"]
             args = _arguments(row["arguments"])

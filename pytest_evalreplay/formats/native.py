@@ -21,6 +21,7 @@ from pytest_evalreplay.formats import (
     SavedRow,
     bad_row,
     malformed,
+    parse_lines,
     read_lines,
 )
 from pytest_evalreplay.model import EvalReplayError, Generation, prompt_key
@@ -135,15 +136,8 @@ def read_requests(path: Path) -> tuple[list[JoinKey], list[bytes | None]]:
     joins: list[JoinKey] = []
     prompts: list[bytes | None] = []
     add_join, add_prompt = joins.append, prompts.append
-    loads = orjson.loads
     key_of = prompt_key
-    for lineno, line in enumerate(read_lines(path), 1):
-        try:
-            row = loads(line)
-        except orjson.JSONDecodeError as exc:
-            if line.strip():
-                raise malformed(path, lineno, exc) from None
-            continue
+    for lineno, _, row in parse_lines(path):
         try:
             iid = row["instance_id"]
             stage = row.get("stage", 1)

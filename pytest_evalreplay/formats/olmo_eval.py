@@ -30,6 +30,7 @@ from pytest_evalreplay.formats import (
     bad_row,
     first_row,
     malformed,
+    parse_lines,
     read_lines,
 )
 from pytest_evalreplay.model import EvalReplayError, Generation, prompt_key
@@ -107,13 +108,7 @@ def load_file(builder: IndexBuilder, path: Path) -> None:
     builder.add_file(path, task, LAYOUT, decode, linenos)
     blobs = builder.blobs
     setdefault = builder.keys.setdefault
-    for lineno, line in enumerate(read_lines(path), 1):
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            if line.strip():
-                raise malformed(path, lineno, exc) from None
-            continue
+    for lineno, line, row in parse_lines(path):
         if not isinstance(row, dict) or "doc_id" not in row or "model_output" not in row:
             raise bad_row(path, lineno, "an olmo-eval predictions row has 'doc_id' and 'model_output'")
         doc_id = row["doc_id"]
@@ -139,13 +134,7 @@ def _read_prompts(path: Path) -> dict[Any, bytes | None]:
     """doc_id -> prompt key (None: a kind replay skips). oe-eval writes one
     loglikelihood row per answer choice, so a doc_id may repeat."""
     prompts: dict[Any, bytes | None] = {}
-    for lineno, line in enumerate(read_lines(path), 1):
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            if line.strip():
-                raise malformed(path, lineno, exc) from None
-            continue
+    for lineno, _, row in parse_lines(path):
         try:
             doc_id = row["doc_id"]
             request = row["request"]
