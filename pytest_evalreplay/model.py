@@ -7,7 +7,6 @@ this module.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -17,6 +16,7 @@ import orjson
 RequestType = Literal["generate", "loglikelihood"]
 Message = dict[str, Any]
 Context = str | list[Message]
+PromptKey = tuple[str | bytes, str | None]
 
 
 class EvalReplayError(Exception):
@@ -53,7 +53,7 @@ class Request:
             object.__setattr__(self, "rollouts", tuple(range(self.num_samples)))
 
     @property
-    def prompt_key(self) -> bytes:
+    def prompt_key(self) -> PromptKey:
         return prompt_key(self.context, self.system_prompt)
 
     def to_row(self) -> dict[str, Any]:
@@ -160,23 +160,14 @@ def provider_identity(provider: Any) -> dict[str, Any]:
     return {"kind": str(kind), "model": getattr(provider, "model", None)}
 
 
-def prompt_key(context: Context, system_prompt: str | None) -> bytes:
-    """The replay key: context plus system prompt, chat messages compared as data.
-
-    Replay hashes a million saved prompts at load, so this avoids needless
-    work: the hasher is copied from a prototype (cheaper than constructing one
-    with arguments) and fed in two updates instead of joining bytes.
-    """
-    h = _KEY_HASH.copy()
+def prompt_key(context: Context, system_prompt: str | None) -> PromptKey:
+    """The replay key: context plus system prompt, chat messages compared as
+    data (canonical JSON, keys sorted). Exact, with no hash to collide; a text
+    context stays a `str` and a chat one becomes `bytes`, so the two never meet.
+    The key lives in one process only, so Python's own str hashing serves."""
     if isinstance(context, str):
-        h.update(b"s%s\x00" % context.encode("utf-8", "surrogatepass"))
-    else:
-        h.update(b"m%s\x00" % orjson.dumps(context, option=orjson.OPT_SORT_KEYS))
-    h.update(b"-" if system_prompt is None else b"+" + system_prompt.encode("utf-8", "surrogatepass"))
-    return h.digest()
-
-
-_KEY_HASH = hashlib.blake2b(digest_size=16)
+        return (context, system_prompt)
+    return (orjson.dumps(context, option=orjson.OPT_SORT_KEYS), system_prompt)
 
 
 @dataclass(frozen=True)

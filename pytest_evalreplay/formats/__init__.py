@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from pytest_evalreplay.model import EvalReplayError, Generation
+from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey
 
 # A prompt key's saves: one position in `blobs`, or (a prompt saved twice) several.
 Slot = int | list[int]
@@ -72,7 +72,7 @@ class SavedIndex:
 
     source: Path
     files: tuple[SavedFile, ...]
-    keys: dict[bytes, Slot]
+    keys: dict[PromptKey, Slot]
     blobs: list[bytes]
     model: str | None
     skipped: int  # loglikelihood, image and tool saves left out at load
@@ -80,7 +80,7 @@ class SavedIndex:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def rows(self, key: bytes) -> list[SavedRow]:
+    def rows(self, key: PromptKey) -> list[SavedRow]:
         """The saved rows for a prompt key, in file order (empty if none).
 
         Raises EvalReplayError naming file:line when a saved row is malformed.
@@ -120,7 +120,7 @@ class IndexBuilder:
 
     source: Path
     files: list[SavedFile] = field(default_factory=list)
-    keys: dict[bytes, Slot] = field(default_factory=dict)
+    keys: dict[PromptKey, Slot] = field(default_factory=dict)
     blobs: list[bytes] = field(default_factory=list)
     models: dict[str, list[Path]] = field(default_factory=dict)
     fallback_model: str | None = None
@@ -142,7 +142,7 @@ class IndexBuilder:
         if path not in paths:
             paths.append(path)
 
-    def collide(self, key: bytes, prev: Slot, pos: int) -> None:
+    def collide(self, key: PromptKey, prev: Slot, pos: int) -> None:
         """A prompt saved twice: fine within one file (replay compares the
         saves when asked), refused across files, where the choice of which
         run to trust belongs to the user."""

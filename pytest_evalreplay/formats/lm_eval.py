@@ -32,7 +32,7 @@ from pytest_evalreplay.formats import (
     parse_lines,
     read_lines,
 )
-from pytest_evalreplay.model import Context, EvalReplayError, Generation, prompt_key
+from pytest_evalreplay.model import Context, EvalReplayError, Generation, PromptKey, prompt_key
 
 LAYOUT = "lm-eval"
 SAMPLES = re.compile(r"samples_(?P<task>.+)_(?P<date>\d{4}-\d\d-\d\dT[0-9.\-]+)\.jsonl")
@@ -82,7 +82,7 @@ def _load(builder: IndexBuilder, path: Path) -> None:
     builder.add_file(path, task, LAYOUT, decode, linenos)
     blobs = builder.blobs
     setdefault = builder.keys.setdefault
-    seen: dict[Any, tuple[bytes, ...]] = {}  # doc_id -> keys: one save per doc, not per filter
+    seen: dict[Any, tuple[PromptKey, ...]] = {}  # doc_id -> keys: one save per doc, not per filter
     for lineno, _, row in parse_lines(path):
         try:
             doc_id = row["doc_id"]

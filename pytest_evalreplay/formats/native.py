@@ -24,7 +24,7 @@ from pytest_evalreplay.formats import (
     parse_lines,
     read_lines,
 )
-from pytest_evalreplay.model import EvalReplayError, Generation, prompt_key
+from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, prompt_key
 
 PREDICTIONS_SUFFIX = "-predictions.jsonl"
 REQUESTS_SUFFIX = "-requests.jsonl"
@@ -67,7 +67,7 @@ def load_file(builder: IndexBuilder, path: Path) -> None:
     builder.blobs.extend(lines)  # every line, so a line number is position - base + 1
     n = len(joins)
     i = 0  # the requests row expected next
-    table: dict[JoinKey, bytes | None] | None = None
+    table: dict[JoinKey, PromptKey | None] | None = None
     setdefault = builder.keys.setdefault
     loads = orjson.loads
     model: Any = None
@@ -130,11 +130,11 @@ def load_file(builder: IndexBuilder, path: Path) -> None:
     builder.skipped += skipped
 
 
-def read_requests(path: Path) -> tuple[list[JoinKey], list[bytes | None]]:
+def read_requests(path: Path) -> tuple[list[JoinKey], list[PromptKey | None]]:
     """Each requests row's join key and prompt key, in file order; the prompt
     key is None for rows replay skips (loglikelihood, images, tools)."""
     joins: list[JoinKey] = []
-    prompts: list[bytes | None] = []
+    prompts: list[PromptKey | None] = []
     add_join, add_prompt = joins.append, prompts.append
     key_of = prompt_key
     for lineno, _, row in parse_lines(path):
@@ -165,9 +165,9 @@ def _find(joins: list[JoinKey], k: JoinKey, start: int, stop: int) -> int:
     return -1
 
 
-def _table(joins: list[JoinKey], prompts: list[bytes | None]) -> dict[JoinKey, bytes | None]:
+def _table(joins: list[JoinKey], prompts: list[PromptKey | None]) -> dict[JoinKey, PromptKey | None]:
     """Join key -> prompt key for rows that cannot be joined in step."""
-    table: dict[JoinKey, bytes | None] = {}
+    table: dict[JoinKey, PromptKey | None] = {}
     for k, key in zip(joins, prompts, strict=True):
         prev = table.setdefault(k, key)
         if prev != key:

@@ -33,7 +33,7 @@ from pytest_evalreplay.formats import (
     parse_lines,
     read_lines,
 )
-from pytest_evalreplay.model import EvalReplayError, Generation, prompt_key
+from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, prompt_key
 
 PREDICTIONS_SUFFIX = "-predictions.jsonl"
 REQUESTS_SUFFIX = "-requests.jsonl"
@@ -130,15 +130,15 @@ def load_file(builder: IndexBuilder, path: Path) -> None:
             builder.collide(keys, prev, pos)
 
 
-def _read_prompts(path: Path) -> dict[Any, bytes | None]:
+def _read_prompts(path: Path) -> dict[Any, PromptKey | None]:
     """doc_id -> prompt key (None: a kind replay skips). oe-eval writes one
     loglikelihood row per answer choice, so a doc_id may repeat."""
-    prompts: dict[Any, bytes | None] = {}
+    prompts: dict[Any, PromptKey | None] = {}
     for lineno, _, row in parse_lines(path):
         try:
             doc_id = row["doc_id"]
             request = row["request"]
-            key: bytes | None = None
+            key: PromptKey | None = None
             if row.get("request_type") in GENERATE_TYPES and not request.get("tools"):
                 key = prompt_key(request["context"], request.get("system_prompt"))
             prev = prompts.setdefault(doc_id, key)
