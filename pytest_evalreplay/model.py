@@ -154,12 +154,6 @@ class Provider(Protocol):
     def generate(self, requests: list[Request]) -> list[GenerateResult]: ...
 
 
-def provider_identity(provider: Any) -> dict[str, Any]:
-    """What of a provider changes results: its kind and model."""
-    kind = getattr(provider, "kind", None) or type(provider).__name__
-    return {"kind": str(kind), "model": getattr(provider, "model", None)}
-
-
 def prompt_key(context: Context, system_prompt: str | None) -> PromptKey:
     """The replay key: context plus system prompt, chat messages compared as
     data (canonical JSON, keys sorted). Exact, with no hash to collide; a text
