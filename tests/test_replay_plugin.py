@@ -130,3 +130,26 @@ def test_the_replay_provider_fixture_without_predictions_says_what_to_set(
     result = pytester.runpytest("--evalreplay-output=out", "-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["E *replay_provider*--evalreplay-predictions=PATH*evalreplay_predictions*"])
+
+
+def test_a_limit_style_replay_is_judged_by_the_failure_budget(pytester: pytest.Pytester) -> None:
+    # The saved run answered 3 of the task's 4 instances (an --limit 3 run): the
+    # fourth fails and counts against the budget; it never lowers the score.
+    pytester.makepyfile(
+        test_evals=EVALS.replace('target="answer",', 'target="answer", gate=Gate("exact_match"),').replace(
+            "import EvalTask", "import EvalTask, Gate"
+        )
+    )
+    write_saved_run(pytester.path / "saved", {"a": "2", "b": "4", "c": "6"})
+    args = ["--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"]
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=3, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*gate qa: FAIL exact_match=1.0000; 1/4 items failed (budget 0)*",
+            "*1 of 4 items failed (25.0%), over the failure budget 0.0%*",
+        ]
+    )
+    result = pytester.runpytest(*args, "--evalreplay-failure-budget=0.25")
+    result.assert_outcomes(passed=4, failed=1)
+    result.stdout.fnmatch_lines(["*gate qa: PASS exact_match=1.0000; 1/4 items failed (budget 0.25)*"])
