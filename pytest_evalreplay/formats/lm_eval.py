@@ -28,9 +28,7 @@ from pytest_evalreplay.formats import (
     IndexBuilder,
     SavedRow,
     bad_row,
-    malformed,
     parse_lines,
-    read_lines,
 )
 from pytest_evalreplay.model import Context, EvalReplayError, Generation, PromptKey, prompt_key
 
@@ -187,11 +185,8 @@ def instances(path: str | Path) -> list[dict[str, Any]]:
     renders exactly the prompts lm-eval sent and replay finds their saves."""
     path = Path(path)
     found: dict[Any, dict[str, Any]] = {}
-    for lineno, line in enumerate(read_lines(path), 1):
-        if not line.strip():
-            continue
+    for lineno, _, row in parse_lines(path):
         try:
-            row = orjson.loads(line)
             args = _arguments(row["arguments"])
             if row["doc_id"] in found or len(args) != 1 or not isinstance(args[0][1], dict):
                 continue
@@ -201,8 +196,6 @@ def instances(path: str | Path) -> list[dict[str, Any]]:
                 "target": row.get("target"),
                 "doc": row.get("doc"),
             }
-        except orjson.JSONDecodeError as exc:
-            raise malformed(path, lineno, exc) from None
         except (KeyError, TypeError, AttributeError, ValueError, IndexError):
             raise bad_row(path, lineno, "an lm-eval samples row has 'doc_id' and 'arguments'") from None
     return list(found.values())

@@ -29,9 +29,7 @@ from pytest_evalreplay.formats import (
     SavedRow,
     bad_row,
     first_row,
-    malformed,
     parse_lines,
-    read_lines,
 )
 from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, prompt_key
 
@@ -199,11 +197,8 @@ def instances(path: str | Path) -> list[dict[str, Any]]:
     i["prompt"], system_prompt=...)` renders the prompts olmo-eval sent."""
     path = Path(path)
     found: dict[Any, dict[str, Any]] = {}
-    for lineno, line in enumerate(read_lines(path), 1):
-        if not line.strip():
-            continue
+    for lineno, _, row in parse_lines(path):
         try:
-            row = orjson.loads(line)
             if row["doc_id"] in found or row.get("request_type") not in GENERATE_TYPES:
                 continue
             found[row["doc_id"]] = {
@@ -214,8 +209,6 @@ def instances(path: str | Path) -> list[dict[str, Any]]:
                 "native_id": row.get("native_id"),
                 "doc": row.get("doc"),
             }
-        except orjson.JSONDecodeError as exc:
-            raise malformed(path, lineno, exc) from None
         except (KeyError, TypeError, AttributeError):
             raise bad_row(path, lineno, "an olmo-eval requests row has 'doc_id' and 'request'") from None
     return list(found.values())
