@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 EVALS = """
@@ -66,6 +68,23 @@ class _Shared:
         pass
 
 
+class _LoopTimer:
+    """Times a session's run loop alone (every item's setup, call and
+    teardown), leaving out start-up and collection, which a session pays once
+    whatever the model."""
+
+    def __init__(self, into: list[float]) -> None:
+        self.into = into
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return (yield)
+        finally:
+            self.into.append(time.perf_counter() - start)
+
+
 class _HookPlugin:
     def __init__(self, provider: Any) -> None:
         self.provider = provider
@@ -96,7 +115,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import orjson
-    import pytest
     from vllm import SamplingParams
 
     from pytest_evalreplay.model import Request
@@ -160,6 +178,7 @@ def main() -> None:
         "def test_noop(i):\n    pass\n"
     )
     runs = iter(range(10**6))
+    loops: dict[str, list[float]] = {"pytest": [], "floor": []}
 
     def through_pytest() -> int:
         out = work / f"run{next(runs)}"
@@ -174,7 +193,7 @@ def main() -> None:
                 f"--evalreplay-output={out}",
                 f"--rootdir={work}",
             ],
-            plugins=[_HookPlugin(provider)],
+            plugins=[_HookPlugin(provider), _LoopTimer(loops["pytest"])],
         )
         if rc != 0:
             raise SystemExit(f"the pytest session failed with exit code {rc}")
@@ -182,7 +201,10 @@ def main() -> None:
         return sum(g["completion_tokens"] for row in rows for g in orjson.loads(row)["generations"])
 
     def floor() -> int:
-        rc = pytest.main([str(work / "test_floor.py"), "-q", "-p", "no:cacheprovider", f"--rootdir={work}"])
+        rc = pytest.main(
+            [str(work / "test_floor.py"), "-q", "-p", "no:cacheprovider", f"--rootdir={work}"],
+            plugins=[_LoopTimer(loops["floor"])],
+        )
         if rc != 0:
             raise SystemExit(f"the plain pytest session failed with exit code {rc}")
         return 0
@@ -220,6 +242,12 @@ def main() -> None:
         print(
             f"  of which pytest's own per-item cost (floor): {floor_best:.3f} s; "
             f"the rest, {pytest_best - base - floor_best:+.3f} s, is the plugin's"
+        )
+        loop_best, floor_loop = min(loops["pytest"]), min(loops["floor"])
+        print(
+            f"  run loop alone (no start-up, no collection): {loop_best:.3f} s, "
+            f"{100 * (loop_best / base - 1):+.1f}% of bare vLLM; a no-op test loop of as many items: "
+            f"{floor_loop:.3f} s"
         )
 
 
