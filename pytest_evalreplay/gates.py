@@ -47,6 +47,11 @@ class BaselineTask:
     metric: str | None = None  # which metric `scores` holds
 
 
+def metric_scores(scores: Mapping[str, Mapping[str, float]], metric: str) -> dict[str, float]:
+    """One metric's per-instance scores, from each instance's scores."""
+    return {iid: s[metric] for iid, s in scores.items() if metric in s}
+
+
 @dataclass(frozen=True)
 class PairedDrop:
     n: int  # instances scored by both runs

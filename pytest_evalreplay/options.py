@@ -39,10 +39,6 @@ class Settings:
     update_baseline: bool = False
     quiet: bool = False
 
-    @property
-    def provider_kind(self) -> str | None:
-        return self.provider
-
 
 # (name, ini type, help, command-line kwargs)
 _OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [

@@ -121,14 +121,15 @@ def finalize(
     state: JournalState,
     instance_order: Sequence[str],
     num_samples: int,
-) -> dict[str, Any]:
-    """Rewrite a task's files from its journal in canonical order; return the metrics doc."""
+) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    """Rewrite a task's files from its journal in canonical order; return the
+    metrics doc and each instance's scores (see `metrics_doc`)."""
     order = {iid: i for i, iid in enumerate(instance_order)}
     grouped: dict[tuple[int, str], list[RolloutResult]] = {}
     for result in state.done.values():
         grouped.setdefault((result.stage, result.instance_id), []).append(result)
     keys = sorted(grouped, key=lambda k: (order.get(k[1], len(order)), k[1], k[0]))
-    doc, _ = metrics_doc(task, state)
+    doc, scores = metrics_doc(task, state)
     requests = [state.requests[k] for k in keys if k in state.requests]
     predictions = [prediction_row(k[1], k[0], grouped[k], num_samples, doc["model"]) for k in keys]
     files = task_files(directory, task)
@@ -137,7 +138,7 @@ def finalize(
         _atomic_write(files["requests"], _jsonl(requests))
         _atomic_write(files["predictions"], _jsonl(predictions))
         _atomic_write(files["metrics"], orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    return doc
+    return doc, scores
 
 
 def write_manifest(

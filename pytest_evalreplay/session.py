@@ -17,7 +17,7 @@ from typing import Any
 from pytest_evalreplay import baseline, gates, journal, rundir
 from pytest_evalreplay.execution import AttemptFailure, RequestKey, run_requests
 from pytest_evalreplay.fingerprint import fingerprint
-from pytest_evalreplay.items import GateItem, RolloutItem, TaskItem, mark_reused
+from pytest_evalreplay.items import RolloutItem, TaskItem, mark_reused
 from pytest_evalreplay.journal import Failure, JournalState, JournalWriter, RolloutKey
 from pytest_evalreplay.model import EvalReplayError, Provider, Request, RolloutResult
 from pytest_evalreplay.options import Settings
@@ -94,7 +94,7 @@ class EvalSession:
         (the built provider's own `model` where it has one, as a conftest
         provider or a saved run does), plus what else picks the weights."""
         s = self.settings
-        kind = s.provider_kind
+        kind = s.provider
         model = getattr(self._provider, "model", None) or s.model
         ident: dict[str, Any] = {"kind": kind, "model": model}
         if kind == "replay" and s.predictions is not None:
@@ -106,7 +106,7 @@ class EvalSession:
     @property
     def provider(self) -> Provider:
         if self._provider is None:
-            kind = self.settings.provider_kind
+            kind = self.settings.provider
             if kind is None:
                 raise EvalReplayError(
                     "no provider chosen: pass --evalreplay-provider=KIND (ini evalreplay_provider) "
@@ -130,7 +130,7 @@ class EvalSession:
                 "the replay_provider fixture needs saved generations: pass "
                 "--evalreplay-predictions=PATH (or set the ini key evalreplay_predictions)"
             )
-        if self.settings.provider_kind == "replay":
+        if self.settings.provider == "replay":
             return self.provider
         if self._replay is None:
             self._replay = self._make_provider("replay")
@@ -141,9 +141,7 @@ class EvalSession:
     def register(self, items: Sequence[Any]) -> None:
         """Group the selected items by task; on --resume, mark what the journal holds."""
         for item in items:
-            if isinstance(item, GateItem):
-                self.runs.get(item.task.name) or self._new_run(item.task)
-            if not isinstance(item, RolloutItem):
+            if not isinstance(item, TaskItem):
                 continue
             run = self.runs.get(item.task.name) or self._new_run(item.task)
             if run.task is not item.task:
@@ -151,6 +149,8 @@ class EvalSession:
                     f"two different tasks are named {item.task.name!r} ({item.nodeid}); "
                     "task names must be unique in a session (they name run dir files)"
                 )
+            if not isinstance(item, RolloutItem):
+                continue  # a gate item: its task needs a run, nothing more
             key = item.key
             if key in run.prior.done:
                 run.reused[key] = run.prior.done[key]
@@ -312,26 +312,26 @@ class EvalSession:
                 "(a -k that selects the gate alone judges the journal of the last run)"
             )
         doc, scores = rundir.metrics_doc(task.name, state)
-        metric = task.gate.metric
         return gates.evaluate(
             task=task.name,
             gate=task.gate,
             metrics=doc["metrics"],
-            scores={iid: s[metric] for iid, s in scores.items() if metric in s},
+            scores=gates.metric_scores(scores, task.gate.metric),
             num_items=doc["num_items"],
             num_failed=doc["num_failed"],
             budget=self.settings.failure_budget,
             baseline=self.baseline().get(task.name),
         )
 
-    def _baseline_entry(self, task: EvalTask, state: JournalState) -> gates.BaselineTask:
-        doc, scores = rundir.metrics_doc(task.name, state)
-        metrics = doc["metrics"]
+    @staticmethod
+    def _baseline_entry(
+        task: EvalTask, metrics: dict[str, float], scores: dict[str, dict[str, float]]
+    ) -> gates.BaselineTask:
         # The gated metric's per-instance scores; with no gate, a sole metric's.
         metric = task.gate.metric if task.gate is not None else None
         if metric is None and len(metrics) == 1:
             metric = next(iter(metrics))
-        per_instance = {iid: s[metric] for iid, s in scores.items() if metric in s} if metric else {}
+        per_instance = gates.metric_scores(scores, metric) if metric else {}
         return gates.BaselineTask(metrics=metrics, scores=per_instance, metric=metric)
 
     # -- the end -----------------------------------------------------------
@@ -345,9 +345,11 @@ class EvalSession:
                 continue
             state = journal.read(self.output, name)
             order = [inst["id"] for inst in run.task.instances]
-            docs.append(rundir.finalize(self.output, name, state, order, run.task.num_samples))
-            entries[name] = self._baseline_entry(run.task, state)
-        if self.settings.update_baseline and self.settings.baseline is not None and entries:
+            doc, scores = rundir.finalize(self.output, name, state, order, run.task.num_samples)
+            docs.append(doc)
+            if self.settings.update_baseline:
+                entries[name] = self._baseline_entry(run.task, doc["metrics"], scores)
+        if self.settings.baseline is not None and entries:
             baseline.update(self.settings.baseline, entries)
             self.notes.append(f"baseline {self.settings.baseline} updated for: {', '.join(sorted(entries))}")
         if docs:
