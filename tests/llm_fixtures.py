@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+from pytest_evalreplay.model import Request
 
 # Engine arguments that work for this model on a CPU-only vLLM build
 # (see docs/providers.md): fp32, a short context, no graph capture, and a
@@ -96,3 +99,23 @@ def build_tiny_llama(path: Path, seed: int = 0) -> Path:
     )
     LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
     return path
+
+
+def make_request(
+    context: Any,
+    iid: str = "q0",
+    num_samples: int = 1,
+    rollouts: tuple[int, ...] = (),
+    system_prompt: str | None = None,
+    **sampling: Any,
+) -> Request:
+    """A request of task "t" for the provider tests, sampling given as keywords."""
+    return Request(
+        task="t",
+        instance_id=iid,
+        context=context,
+        system_prompt=system_prompt,
+        num_samples=num_samples,
+        sampling=sampling,
+        rollouts=rollouts,
+    )

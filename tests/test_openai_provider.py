@@ -21,30 +21,14 @@ from typing import Any
 
 import orjson
 import pytest
+from llm_fixtures import make_request
 
 from pytest_evalreplay.model import EvalReplayError, Generation, GenerationError, Request
 from pytest_evalreplay.options import Settings
 from pytest_evalreplay.providers import openai as openai_mod
 from pytest_evalreplay.providers.openai import OpenAIProvider
 
-
-def req(
-    context: Any,
-    iid: str = "q0",
-    num_samples: int = 1,
-    rollouts: tuple[int, ...] = (),
-    system_prompt: str | None = None,
-    **sampling: Any,
-) -> Request:
-    return Request(
-        task="t",
-        instance_id=iid,
-        context=context,
-        system_prompt=system_prompt,
-        num_samples=num_samples,
-        sampling=sampling,
-        rollouts=rollouts,
-    )
+req = make_request
 
 
 def ok(result: Any) -> list[Generation]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from llm_fixtures import make_request
 
 from pytest_evalreplay.model import EvalReplayError, Generation, GenerationError, Request
 from pytest_evalreplay.options import Settings
@@ -20,24 +21,9 @@ from pytest_evalreplay.providers import vllm as vllm_mod
 MAX_TOKENS = 8
 
 
-def req(
-    context: Any,
-    iid: str = "q0",
-    num_samples: int = 1,
-    rollouts: tuple[int, ...] = (),
-    system_prompt: str | None = None,
-    **sampling: Any,
-) -> Request:
+def req(context: Any, *args: Any, **sampling: Any) -> Request:
     sampling.setdefault("max_tokens", MAX_TOKENS)
-    return Request(
-        task="t",
-        instance_id=iid,
-        context=context,
-        system_prompt=system_prompt,
-        num_samples=num_samples,
-        sampling=sampling,
-        rollouts=rollouts,
-    )
+    return make_request(context, *args, **sampling)
 
 
 class Spy:
