@@ -7,7 +7,7 @@ this module.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -152,6 +152,29 @@ class Provider(Protocol):
     """
 
     def generate(self, requests: list[Request]) -> list[GenerateResult]: ...
+
+
+@runtime_checkable
+class StreamingProvider(Protocol):
+    """A provider that hands back each request's result as soon as it is ready.
+
+    `generate_stream(requests)` yields `(index, result)` pairs, `index` being
+    the request's position in `requests`, each index once, in whatever order
+    the requests finish. The plugin scores and journals results in small
+    groups as they arrive, so a crash loses only what was in flight. A request
+    the stream never yields is a retryable failure. The plugin may stop
+    iterating early (an interrupt, a timeout): closing the generator must
+    cancel what is still in flight and return promptly.
+
+    A provider may also enforce a per-request time limit itself and say so
+    with a `request_timeout` attribute (seconds, or None for no limit); the
+    plugin then leaves `--evalreplay-timeout` to it. For a provider without
+    that attribute the plugin enforces the limit from outside.
+    """
+
+    def generate(self, requests: list[Request]) -> list[GenerateResult]: ...
+
+    def generate_stream(self, requests: list[Request]) -> Iterator[tuple[int, GenerateResult]]: ...
 
 
 def prompt_key(context: Context, system_prompt: str | None) -> PromptKey:

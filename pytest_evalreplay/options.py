@@ -26,7 +26,7 @@ class Settings:
     provider: str | None = None
     predictions: Path | None = None
     model: str | None = None
-    base_url: str | None = None
+    base_urls: tuple[str, ...] = ()
     engine_args: dict[str, Any] = field(default_factory=dict)
     concurrency: int = DEFAULT_CONCURRENCY
     output: Path | None = None
@@ -38,6 +38,7 @@ class Settings:
     baseline: Path | None = None
     update_baseline: bool = False
     quiet: bool = False
+    timeout: float | None = None
 
 
 # (name, ini type, help, command-line kwargs)
@@ -56,7 +57,19 @@ _OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         {"metavar": "KIND"},
     ),
     ("model", "string", "model name or path for the vllm / openai providers", {"metavar": "NAME"}),
-    ("base-url", "string", "OpenAI-compatible server URL for the openai provider", {"metavar": "URL"}),
+    (
+        "base-url",
+        "linelist",
+        "OpenAI-compatible server URL for the openai provider (repeatable: requests are spread "
+        "over several servers serving the same model)",
+        {"action": "append", "metavar": "URL"},
+    ),
+    (
+        "timeout",
+        "string",
+        "per-request time limit in seconds; past it, a retryable failure (default: none)",
+        {"metavar": "SECONDS"},
+    ),
     (
         "engine-arg",
         "linelist",
@@ -157,6 +170,13 @@ def _number(config: pytest.Config, name: str, kind: type, low: float, default: A
     return value
 
 
+def _timeout(config: pytest.Config) -> float | None:
+    value = _number(config, "timeout", float, 0.0, None)
+    if value is not None and not (0 < value < float("inf")):
+        raise pytest.UsageError(f"--evalreplay-timeout must be a positive number of seconds, got {value!r}")
+    return value
+
+
 def parse_engine_args(items: list[str]) -> dict[str, Any]:
     """KEY=VALUE pairs; VALUE is JSON where it parses (so 0.1, true, [1,2] keep their types)."""
     args: dict[str, Any] = {}
@@ -213,7 +233,7 @@ def resolve(config: pytest.Config) -> Settings:
         provider=_provider_kind(config),
         predictions=path("predictions"),
         model=_raw(config, "model"),
-        base_url=_raw(config, "base-url"),
+        base_urls=tuple(_raw(config, "base-url") or ()),
         engine_args=engine_args,
         concurrency=_number(config, "concurrency", int, 1, DEFAULT_CONCURRENCY),
         output=path("output"),
@@ -225,4 +245,5 @@ def resolve(config: pytest.Config) -> Settings:
         baseline=path("baseline"),
         update_baseline=update_baseline,
         quiet=config.getoption("verbose") < 0,
+        timeout=_timeout(config),
     )

@@ -57,7 +57,7 @@ _RETRY_STATUS = frozenset({408, 429})
 
 
 def from_settings(settings: Settings) -> OpenAIProvider:
-    if not settings.base_url:
+    if not settings.base_urls:
         raise EvalReplayError(
             "the openai provider needs a server: pass --evalreplay-base-url=URL "
             "(ini evalreplay_base_url), e.g. http://127.0.0.1:8000/v1"
@@ -67,7 +67,7 @@ def from_settings(settings: Settings) -> OpenAIProvider:
             "the openai provider needs a model: pass --evalreplay-model=NAME "
             "(ini evalreplay_model), the name the server serves it under"
         )
-    return OpenAIProvider(settings.base_url, settings.model, concurrency=settings.concurrency)
+    return OpenAIProvider(settings.base_urls[0], settings.model, concurrency=settings.concurrency)
 
 
 def api_key_from_env() -> str | None:
