@@ -123,10 +123,35 @@ class Generation:
         )
 
 
+    def problem(self) -> str | None:
+        """What is wrong with a generation a provider handed back, or None.
+
+        Providers are user code: a `text` of None, a token count given as a
+        string or a metadata value JSON cannot hold fails that request (naming
+        the field) instead of being scored as 0 or breaking the journal."""
+        if not isinstance(self.text, str):
+            return f"'text' must be a string, got {type(self.text).__name__}"
+        if self.original_text is not None and not isinstance(self.original_text, str):
+            return f"'original_text' must be a string or None, got {type(self.original_text).__name__}"
+        if self.finish_reason is not None and not isinstance(self.finish_reason, str):
+            return f"'finish_reason' must be a string or None, got {self.finish_reason!r:.40}"
+        for name in ("prompt_tokens", "completion_tokens"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 0):
+                return f"{name!r} must be a non-negative integer or None, got {value!r:.40}"
+        if not isinstance(self.metadata, Mapping):
+            return f"'metadata' must be a mapping, got {type(self.metadata).__name__}"
+        try:
+            orjson.dumps(self.to_row())
+        except TypeError as exc:  # orjson.JSONEncodeError: surrogates, non-JSON metadata
+            return f"cannot be saved as JSON ({exc})"
+        return None
+
+
 def _opt_int(value: Any, where: str, name: str) -> int | None:
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+    if value is None or (type(value) is int and value >= 0):
         return value
-    raise EvalReplayError(f"{where}: {name!r} must be an integer or null, got {value!r}")
+    raise EvalReplayError(f"{where}: {name!r} must be a non-negative integer or null, got {value!r:.40}")
 
 
 @dataclass(frozen=True)
@@ -203,6 +228,71 @@ class RolloutResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+FAILURE_CLASSES = ("retryable", "terminal", "scoring", "judging")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt at some rollouts of one request: what the journal
+    records, what the attempt cap counts, and what a failed item reports.
+
+    `failure_class`: `retryable` (tried again up to the attempt cap),
+    `terminal` (final at once), `scoring` (the scorer raised or returned a
+    non-finite value), `judging` (a pairwise judge failed). `final` says
+    whether this attempt was the last under the cap of the run that made it.
+    """
+
+    stage: int
+    instance_id: str
+    rollouts: tuple[int, ...]
+    attempt: int
+    failure_class: str
+    message: str
+    final: bool
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "instance_id": self.instance_id,
+            "rollouts": list(self.rollouts),
+            "attempt": self.attempt,
+            "failure_class": self.failure_class,
+            "message": self.message,
+            "final": self.final,
+        }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], where: str) -> Failure:
+        """Build from a saved row; `where` ("file:line") names it in errors."""
+        rollouts = row.get("rollouts")
+        attempt = row.get("attempt")
+        ok = (
+            type(row.get("stage")) is int
+            and isinstance(row.get("instance_id"), str)
+            and isinstance(rollouts, list)
+            and all(type(r) is int and r >= 0 for r in rollouts)
+            and type(attempt) is int
+            and attempt >= 1
+            and row.get("failure_class") in FAILURE_CLASSES
+            and isinstance(row.get("message"), str)
+            and isinstance(row.get("final"), bool)
+        )
+        if not ok:
+            raise EvalReplayError(
+                f"{where}: not a valid failure row (needs stage, instance_id, rollouts of non-negative "
+                f"integers, attempt >= 1, failure_class one of {', '.join(FAILURE_CLASSES)}, message, final)"
+            )
+        return cls(
+            stage=row["stage"],
+            instance_id=row["instance_id"],
+            rollouts=tuple(rollouts),  # type: ignore[arg-type]
+            attempt=attempt,  # type: ignore[arg-type]
+            failure_class=row["failure_class"],
+            message=row["message"],
+            final=row["final"],
+        )
 
 
 @dataclass(frozen=True)
