@@ -1,37 +1,79 @@
-"""pytest-xdist scheduling: keep each task's items on one worker.
+"""pytest-xdist: what the controller hands its workers and gathers back.
 
-The first item of a task to run generates the batch for all of the task's
-items, so splitting a task across workers would generate it twice. Under
-`-n N` (xdist's `load` mode) the plugin swaps in a scheduler that sends each
-task whole to one worker and spreads every other test one by one, as `load`
-does. Tasks still run in parallel with each other.
+Registered only when xdist is installed. The controller holds the output
+dir for the whole run and gives every worker the same run id and the same
+resume snapshot (the journals' sizes when the run started), so workers
+collect and decide identically. Workers share the work of every task under
+any `--dist` mode: a chunk is generated once, by the first worker to reach
+it, under the chunk's lock, and the others read it from the journal (see
+session.py). Each worker sends its tasks' numbers back in `workeroutput`;
+the controller's summary keeps, per task, the one computed from the
+fullest journal.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from xdist.scheduler import LoadScopeScheduling
+import pytest
 
-# <file>::<task>::<instance>[s<stage>-r<rollout>] and <file>::<task>::gate: the
-# scope is <file>::<task>, so a task's gate runs on the worker that ran the task.
-_EVAL_ITEM = re.compile(r"^(?P<scope>.+::[A-Za-z0-9_.-]+)::(?:[^:]+\[s\d+-r\d+\]|gate)$")
+from pytest_evalreplay.journal import journal_path
+from pytest_evalreplay.model import EvalReplayError
 
+if TYPE_CHECKING:
+    from pytest_evalreplay.plugin import EvalReplayPlugin
 
-def scope_of(nodeid: str) -> str:
-    match = _EVAL_ITEM.match(nodeid)
-    return match.group("scope") if match else nodeid
+JOURNAL_SUFFIX = "-journal.jsonl"
 
 
-class TaskScheduling(LoadScopeScheduling):
-    """`load` scheduling, except that an eval task's items travel together."""
+def snapshot(directory: Any) -> dict[str, int]:
+    """Each journal's size now: workers read no further when deciding what to reuse."""
+    sizes: dict[str, int] = {}
+    try:
+        paths = list(directory.glob(f"*{JOURNAL_SUFFIX}"))
+    except OSError:
+        return sizes
+    for path in paths:
+        task = path.name[: -len(JOURNAL_SUFFIX)]
+        try:
+            if journal_path(directory, task).is_file():
+                sizes[task] = path.stat().st_size
+        except OSError:
+            continue
+    return sizes
 
-    def _split_scope(self, nodeid: str) -> str:
-        return scope_of(nodeid)
 
+class XdistHooks:
+    def __init__(self, plugin: EvalReplayPlugin) -> None:
+        self.plugin = plugin
+        self._prepared: dict[str, Any] | None = None
 
-def make_scheduler(config: Any, log: Any) -> TaskScheduling | None:
-    if config.getvalue("dist") != "load":
-        return None  # loadscope and loadgroup keep tasks together already; an explicit choice stands
-    return TaskScheduling(config, log)
+    def _controller_state(self) -> dict[str, Any]:
+        if self._prepared is None:
+            session = self.plugin.session
+            state: dict[str, Any] = {"evalreplay_run_id": session.run_id}
+            if self.plugin.settings.in_play:
+                try:
+                    session.hold_output()
+                except EvalReplayError as exc:
+                    raise pytest.UsageError(str(exc)) from None
+                state["evalreplay_snapshot"] = snapshot(session.output)
+            self._prepared = state
+        return self._prepared
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput.update(self._controller_state())
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        data = getattr(node, "workeroutput", {}).get("evalreplay")
+        if not data:
+            return
+        summary = self.plugin.summary
+        for task, (seen, doc, extra) in data.get("docs", {}).items():
+            summary.add_doc(task, seen, doc, extra)
+        for note in data.get("notes", []):
+            summary.add_note(note)
+        if data.get("run_dir"):
+            summary.run_dir = data["run_dir"]

@@ -1,17 +1,23 @@
-"""Generate a batch through a provider with retries, then score it.
+"""Generate through a provider, as a stream, with retries; and score.
 
 Plain functions over tasks, providers and requests: the pytest session and
 `EvalTask.evaluate` both run through here, so a rollout is generated, retried
-and scored the same way inside and outside pytest.
+and scored the same way inside and outside pytest. Side effects (the journal)
+belong to the caller, which consumes the events this module yields.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import math
+import queue
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_evalreplay.model import (
+    Failure,
     GenerateResult,
     Generation,
     GenerationError,
@@ -21,25 +27,10 @@ from pytest_evalreplay.model import (
 )
 
 if TYPE_CHECKING:
-    from pytest_evalreplay.task import EvalTask
+    from pytest_evalreplay.task import EvalTask, Instance
 
 RETRYABLE_EXCEPTIONS: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError)
-
-
-@dataclass(frozen=True)
-class AttemptFailure:
-    """One failed attempt at one request, as the failures sidecar records it."""
-
-    request: Request
-    attempt: int
-    message: str
-    failure_class: str  # "retryable" | "terminal"
-    final: bool
-
-
 RequestKey = tuple[int, str]  # (stage, instance_id)
-OnFailure = Callable[[AttemptFailure], None]
-OnRound = Callable[[], None]
 
 
 def request_key(request: Request) -> RequestKey:
@@ -53,110 +44,217 @@ def error_from_exception(exc: Exception) -> GenerationError:
     return GenerationError(f"provider raised {type(exc).__name__}: {exc}", retryable=retryable)
 
 
-def _checked(requests: Sequence[Request], results: object) -> list[GenerateResult]:
-    """Hold a provider to its contract: one entry per request, one generation per rollout."""
+def check_result(request: Request, result: object) -> GenerateResult:
+    """Hold a provider to its contract: a GenerationError, or one well-typed
+    Generation per requested rollout. Anything else fails that request,
+    naming what was wrong."""
+    if isinstance(result, GenerationError):
+        if not isinstance(result.message, str):
+            return GenerationError(f"provider returned GenerationError({result.message!r:.60})", False)
+        return result
+    if not isinstance(result, list) or len(result) != len(request.rollouts):
+        return GenerationError(
+            f"provider returned {result!r:.80} for {len(request.rollouts)} rollouts; "
+            "expected a list of Generation, one per rollout",
+            retryable=False,
+        )
+    for n, gen in enumerate(result):
+        if not isinstance(gen, Generation):
+            return GenerationError(
+                f"provider returned a {type(gen).__name__} for rollout {request.rollouts[n]}; expected a Generation",
+                retryable=False,
+            )
+        problem = gen.problem()
+        if problem is not None:
+            return GenerationError(
+                f"provider returned a bad Generation for rollout {request.rollouts[n]}: {problem}",
+                retryable=False,
+            )
+    return result
+
+
+def _plain_stream(provider: Provider, requests: list[Request]) -> Iterator[tuple[int, object]]:
+    results = provider.generate(requests)
     if not isinstance(results, list) or len(results) != len(requests):
         got = len(results) if isinstance(results, list) else type(results).__name__
-        msg = f"provider returned {got} results for {len(requests)} requests"
-        return [GenerationError(msg) for _ in requests]
-    checked: list[GenerateResult] = []
-    for req, res in zip(requests, results, strict=True):
-        if isinstance(res, GenerationError) or (
-            isinstance(res, list)
-            and len(res) == len(req.rollouts)
-            and all(isinstance(g, Generation) for g in res)
-        ):
-            checked.append(res)
-        else:
-            checked.append(
-                GenerationError(
-                    f"provider returned {res!r:.80} for {len(req.rollouts)} rollouts; "
-                    "expected a list of Generation, one per rollout"
+        err = GenerationError(f"provider returned {got} results for {len(requests)} requests", False)
+        yield from ((i, err) for i in range(len(requests)))
+        return
+    yield from enumerate(results)
+
+
+def _raw_stream(provider: Provider, requests: list[Request]) -> Iterator[tuple[int, object]]:
+    stream = getattr(provider, "generate_stream", None)
+    if callable(stream):
+        return iter(stream(requests))
+    return _plain_stream(provider, requests)
+
+
+_DONE = object()
+
+
+def _watched(
+    stream: Iterator[tuple[int, object]], timeout: float
+) -> Iterator[tuple[int, object] | None]:
+    """Run a provider's stream on a daemon thread; yield its items, or None
+    when nothing arrived for `timeout` seconds (the call is then abandoned:
+    its thread keeps running until the provider returns or the process
+    exits, and anything it yields later is dropped)."""
+    box: queue.Queue[Any] = queue.Queue()
+    stop = threading.Event()
+
+    def pump() -> None:
+        try:
+            for item in stream:
+                if stop.is_set():
+                    return
+                box.put(item)
+        except BaseException as exc:
+            box.put(exc)
+            return
+        box.put(_DONE)
+
+    thread = threading.Thread(target=pump, name="evalreplay-provider", daemon=True)
+    thread.start()
+    try:
+        while True:
+            try:
+                item = box.get(timeout=timeout)
+            except queue.Empty:
+                yield None
+                return
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def stream_results(
+    provider: Provider, requests: list[Request], timeout: float | None = None
+) -> Iterator[tuple[int, GenerateResult]]:
+    """One provider call as a stream of checked `(index, result)`, every
+    index exactly once. A provider exception fails every request it had not
+    answered (retryable when connection-shaped). With `timeout`, a provider
+    that does not enforce it itself (no `request_timeout` attribute) is
+    watched from outside: nothing for `timeout` seconds fails the rest,
+    retryably."""
+    pending = set(range(len(requests)))
+    raw = _raw_stream(provider, requests)
+    watched = timeout is not None and not hasattr(provider, "request_timeout")
+    source: Iterator[Any] = _watched(raw, timeout) if watched else raw  # type: ignore[arg-type]
+    try:
+        for item in source:
+            if item is None:  # the watchdog fired
+                msg = (
+                    f"no result from the provider within --evalreplay-timeout={timeout:g}s; the call "
+                    "was abandoned (its thread keeps running in the background until it returns)"
                 )
-            )
-    return checked
+                for i in sorted(pending):
+                    yield i, GenerationError(msg, retryable=True)
+                pending.clear()
+                return
+            try:
+                index, result = item
+            except (TypeError, ValueError):
+                continue
+            if type(index) is not int or index not in pending:
+                continue
+            pending.discard(index)
+            yield index, check_result(requests[index], result)
+    except Exception as exc:
+        err = error_from_exception(exc)
+        for i in sorted(pending):
+            yield i, err
+        pending.clear()
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+    for i in sorted(pending):
+        yield i, GenerationError("the provider's stream ended without a result for this request", True)
 
 
-def generate_with_retries(
+@dataclass(frozen=True)
+class Done:
+    """A request generated: one Generation per requested rollout."""
+
+    request: Request
+    generations: list[Generation]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """One failed attempt (final or to be retried)."""
+
+    request: Request
+    failure: Failure
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """A provider call ended; retries (if any) follow in the next call."""
+
+
+Event = Done | Failed | RoundEnd
+
+
+def generate_events(
     provider: Provider,
     requests: Sequence[Request],
     max_attempts: int,
     prior_attempts: Mapping[RequestKey, int] | None = None,
-    on_failure: OnFailure | None = None,
-    after_round: OnRound | None = None,
-) -> list[GenerateResult]:
-    """Generate, trying retryable failures again until `max_attempts` in all
-    (attempts made by earlier runs count). Interrupts propagate untouched so
-    that a killed run records nothing for the requests in flight.
-
-    `after_round` runs after each provider call that had failures, before any
-    retry: the session makes the attempts durable there, so a run killed
-    mid-retry still counts them against the cap."""
+    timeout: float | None = None,
+) -> Iterator[Event]:
+    """Generate `requests`, yielding each success and each failed attempt as
+    it happens. Retryable failures are asked again, in one more call per
+    round, until a request has had `max_attempts` attempts in all (counting
+    `prior_attempts` of earlier runs). Interrupts propagate untouched, so a
+    killed run records nothing for the requests in flight."""
     attempts = {request_key(r): (prior_attempts or {}).get(request_key(r), 0) for r in requests}
-    final: list[GenerateResult | None] = [None] * len(requests)
-    pending = list(range(len(requests)))
+    pending = list(requests)
     while pending:
-        batch = [requests[i] for i in pending]
-        try:
-            results = _checked(batch, provider.generate(batch))
-        except Exception as exc:
-            results = [error_from_exception(exc)] * len(batch)
-        still: list[int] = []
-        for i, res in zip(pending, results, strict=True):
-            if not isinstance(res, GenerationError):
-                final[i] = res
+        again: list[Request] = []
+        for index, result in stream_results(provider, pending, timeout):
+            request = pending[index]
+            if not isinstance(result, GenerationError):
+                yield Done(request, result)
                 continue
-            key = request_key(requests[i])
+            key = request_key(request)
             attempts[key] += 1
-            again = res.retryable and attempts[key] < max_attempts
-            if on_failure is not None:
-                on_failure(
-                    AttemptFailure(
-                        request=requests[i],
-                        attempt=attempts[key],
-                        message=res.message,
-                        failure_class="retryable" if res.retryable else "terminal",
-                        final=not again,
-                    )
-                )
-            if again:
-                still.append(i)
-            else:
-                final[i] = res
-        if after_round is not None and any(isinstance(r, GenerationError) for r in results):
-            after_round()
-        pending = still
-    return [r for r in final if r is not None]
-
-
-def score_request(task: EvalTask, request: Request, result: GenerateResult) -> list[RolloutResult]:
-    """One RolloutResult per requested rollout: scored, or failed with the reason."""
-    base = {"task": task.name, "stage": request.stage, "instance_id": request.instance_id}
-    if isinstance(result, GenerationError):
-        cls = "retryable" if result.retryable else "terminal"
-        return [
-            RolloutResult(**base, rollout=r, error=result.message, failure_class=cls)
-            for r in request.rollouts
-        ]
-    instance = task.instance(request.instance_id)
-    out: list[RolloutResult] = []
-    for rollout, raw in zip(request.rollouts, result, strict=True):
-        generation = task.postprocess(raw)
-        try:
-            scores = task.score(generation.text, instance)
-        except Exception as exc:
-            out.append(
-                RolloutResult(
-                    **base,
-                    rollout=rollout,
-                    generation=generation,
-                    error=f"scorer raised {type(exc).__name__}: {exc}",
-                    failure_class="scoring",
-                )
+            retry = result.retryable and attempts[key] < max_attempts
+            yield Failed(
+                request,
+                Failure(
+                    stage=request.stage,
+                    instance_id=request.instance_id,
+                    rollouts=tuple(request.rollouts),
+                    attempt=attempts[key],
+                    failure_class="retryable" if result.retryable else "terminal",
+                    message=result.message,
+                    final=not retry,
+                ),
             )
-            continue
-        out.append(RolloutResult(**base, rollout=rollout, generation=generation, scores=scores))
-    return out
+            if retry:
+                again.append(request)
+        yield RoundEnd()
+        pending = again
+
+
+def score_generation(task: EvalTask, instance: Instance, generation: Generation) -> tuple[dict[str, float] | None, str | None]:
+    """The task's scores of one (post-processed) generation, or the error:
+    a scorer that raises, or returns anything but finite numbers, fails
+    that rollout naming the value, never a score of 0."""
+    try:
+        scores = task.score(generation.text, instance)
+    except Exception as exc:
+        return None, f"scorer raised {type(exc).__name__}: {exc}"
+    for name, value in scores.items():
+        if not math.isfinite(value):
+            return None, f"scorer returned {value!r} for {name!r}; scores must be finite numbers"
+    return scores, None
 
 
 def run_requests(
@@ -164,9 +262,42 @@ def run_requests(
     provider: Provider,
     requests: Sequence[Request],
     max_attempts: int = 3,
-    prior_attempts: Mapping[RequestKey, int] | None = None,
-    on_failure: OnFailure | None = None,
-    after_round: OnRound | None = None,
+    timeout: float | None = None,
 ) -> list[RolloutResult]:
-    results = generate_with_retries(provider, requests, max_attempts, prior_attempts, on_failure, after_round)
-    return [rr for req, res in zip(requests, results, strict=True) for rr in score_request(task, req, res)]
+    """Generate and score, outside pytest (`EvalTask.evaluate`)."""
+    results: list[RolloutResult] = []
+    for event in generate_events(provider, requests, max_attempts, timeout=timeout):
+        request = getattr(event, "request", None)
+        if request is None:
+            continue
+        base = {"task": task.name, "stage": request.stage, "instance_id": request.instance_id}
+        if isinstance(event, Failed):
+            if event.failure.final:
+                results.extend(
+                    RolloutResult(**base, rollout=r, error=event.failure.message,
+                                  failure_class=event.failure.failure_class)
+                    for r in request.rollouts
+                )
+            continue
+        assert isinstance(event, Done)
+        instance = task.instance(request.instance_id)
+        for rollout, raw in zip(request.rollouts, event.generations, strict=True):
+            generation = task.postprocess(raw)
+            scores, error = score_generation(task, instance, generation)
+            results.append(
+                RolloutResult(
+                    **base,
+                    rollout=rollout,
+                    generation=generation,
+                    scores=scores or {},
+                    error=error,
+                    failure_class="scoring" if error else None,
+                )
+            )
+    order = {request_key(r): n for n, r in enumerate(requests)}
+    results.sort(key=lambda r: (order[(r.stage, r.instance_id)], r.rollout))
+    return results
+
+
+def elapsed_since(start: float) -> float:
+    return time.perf_counter() - start

@@ -23,6 +23,10 @@ import orjson
 from pytest_evalreplay.model import EvalReplayError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# The process umask, read once: files written atomically get the mode a plain
+# open() would give them, not mkstemp's private 0600.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def os_error(path: Path, exc: OSError, doing: str) -> EvalReplayError:
@@ -67,6 +71,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     except OSError as exc:
         raise os_error(path, exc, "write") from None
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

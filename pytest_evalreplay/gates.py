@@ -12,9 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-import numpy as np
-from scipy import stats
+from typing import Any
 
 from pytest_evalreplay.model import EvalReplayError
 
@@ -32,10 +30,20 @@ class Gate:
     def __post_init__(self) -> None:
         if not isinstance(self.metric, str) or not self.metric:
             raise EvalReplayError("Gate(metric=...) must name a metric, e.g. Gate('exact_match', min=0.6)")
+        for name in ("min", "max_drop", "alpha"):
+            value = getattr(self, name)
+            if value is None and name != "alpha":
+                continue
+            if not _is_number(value) or not math.isfinite(value):
+                raise EvalReplayError(f"Gate({name}={value!r}) must be a finite number")
         if not 0 < self.alpha < 1:
             raise EvalReplayError(f"Gate(alpha={self.alpha!r}) must be between 0 and 1")
         if self.max_drop is not None and self.max_drop < 0:
             raise EvalReplayError(f"Gate(max_drop={self.max_drop!r}) must be >= 0")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,9 @@ def paired_drop(current: Mapping[str, float], baseline: Mapping[str, float]) -> 
     common = sorted(current.keys() & baseline.keys())
     if not common:
         return PairedDrop(n=0, drop=math.nan, p_value=1.0)
+    import numpy as np
+    from scipy import stats
+
     diff = np.array([current[i] - baseline[i] for i in common], dtype=float)
     if not np.any(diff):
         return PairedDrop(n=len(common), drop=0.0, p_value=1.0)
@@ -117,10 +128,17 @@ def evaluate(
     num_failed: int,
     budget: float,
     baseline: BaselineTask | None,
+    missing: int = 0,
 ) -> GateOutcome:
-    """Judge one task: `scores` are its per-instance values of the gated metric."""
+    """Judge one task: `scores` are its per-instance values of the gated metric;
+    `missing` counts items of the task with no result yet (not selected, never run)."""
     reasons: list[str] = []
     notes: list[str] = []
+    if missing:
+        notes.append(
+            f"{missing} item{'s' if missing != 1 else ''} of the task have no result in the journal "
+            "(not run yet); the gate judges the rest"
+        )
     value = metrics.get(gate.metric)
     if value is None:
         reasons.append(f"the task produced no {gate.metric!r} metric (it has: {sorted(metrics) or 'none'})")
@@ -169,3 +187,15 @@ def evaluate(
         reasons=tuple(reasons),
         notes=tuple(notes),
     )
+
+
+def baseline_entry(
+    gate: Gate | None, metrics: Mapping[str, float], scores: Mapping[str, Mapping[str, float]]
+) -> BaselineTask:
+    """What `--evalreplay-update-baseline` saves for a task: its metrics and the
+    gated metric's per-instance scores (with no gate, a sole metric's)."""
+    metric = gate.metric if gate is not None else None
+    if metric is None and len(metrics) == 1:
+        metric = next(iter(metrics))
+    per_instance = metric_scores(scores, metric) if metric else {}
+    return BaselineTask(metrics=dict(metrics), scores=per_instance, metric=metric)

@@ -1,5 +1,6 @@
 """Collection: an `EvalTask` becomes a collector of one item per
-(stage, instance, rollout), with node ids like `test_evals.py::gsm8k::q0042[s1-r0]`."""
+(stage, instance, rollout), with node ids like `test_evals.py::gsm8k::q0042[s1-r0]`,
+plus `<task>::gate` when the task has a gate. Items hold keys, not data."""
 
 from __future__ import annotations
 
@@ -17,14 +18,22 @@ if TYPE_CHECKING:
     from pytest_evalreplay.session import EvalSession
 
 SESSION_KEY: pytest.StashKey[EvalSession] = pytest.StashKey()
+COLLECTED_KEY: pytest.StashKey[dict[int, str]] = pytest.StashKey()
 REUSED_REASON = "evalreplay: reused from journal"
 
 
 class ItemFailed(Exception):
-    """Generation or scoring failed for good; reported as a short message."""
+    """Generation, scoring or judging failed for good; reported as one line."""
+
+
+def session_of(config: pytest.Config) -> EvalSession:
+    return config.stash[SESSION_KEY]
 
 
 class TaskCollector(pytest.Collector):
+    """One task's items. Rendering every instance's prompt here makes a
+    template typo one collection error naming the task, instance and field."""
+
     def __init__(self, *, task: EvalTask, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.task = task
@@ -33,22 +42,22 @@ class TaskCollector(pytest.Collector):
     def from_parent(cls, parent: pytest.Collector, *, name: str, task: EvalTask) -> TaskCollector:  # type: ignore[override]
         return super().from_parent(parent, name=name, task=task)
 
-    def collect(self) -> Iterator[RolloutItem]:
-        stage = 1
-        for instance in self.task.instances:
-            for rollout in range(self.task.num_samples):
-                name = f"{instance['id']}[s{stage}-r{rollout}]"
-                yield RolloutItem.from_parent(
-                    self,
-                    name=name,
-                    # Given as a string so pytest >= 9.2 parses "[s1-r0]" as the
-                    # item's params, as it does when reading --lf's cache.
-                    nodeid=f"{self.nodeid}::{name}",
-                    task=self.task,
-                    stage=stage,
-                    instance_id=instance["id"],
-                    rollout=rollout,
-                )
+    def collect(self) -> Iterator[pytest.Item]:
+        try:
+            self.task.request_digests()
+        except EvalReplayError as exc:
+            raise self.CollectError(str(exc)) from None
+        for stage, iid, rollout in self.task.keys():
+            name = f"{iid}[s{stage}-r{rollout}]"
+            yield RolloutItem.from_parent(
+                self,
+                name=name,
+                # Given as a string so pytest >= 9.2 parses "[s1-r0]" as the
+                # item's params, as it does when reading --lf's cache.
+                nodeid=f"{self.nodeid}::{name}",
+                task=self.task,
+                key=(stage, iid, rollout),
+            )
         if self.task.gate is not None:
             yield GateItem.from_parent(self, name="gate", task=self.task)
 
@@ -68,8 +77,17 @@ class TaskItem(pytest.Item):
         return super().from_parent(parent, **kwargs)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        if isinstance(excinfo.value, ItemFailed):
-            return f"{self.task.name} {self.name}: {excinfo.value}"
+        exc = excinfo.value
+        if isinstance(exc, (ItemFailed, EvalReplayError)):
+            return f"{self.task.name} {self.name}: {exc}"
+        if isinstance(exc, OSError):
+            return f"{self.task.name} {self.name}: {type(exc).__name__}: {exc}"
+        if isinstance(exc, Exception) and _raised_by_plugin(excinfo):
+            entry = excinfo.traceback[-1]
+            return (
+                f"{self.task.name} {self.name}: internal error in pytest-evalreplay: "
+                f"{type(exc).__name__}: {exc} ({entry.path}:{entry.lineno + 1}); please report it"
+            )
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
@@ -77,77 +95,87 @@ class TaskItem(pytest.Item):
         return self.path, line, f"{self.task.name}::{self.name}"
 
 
+def _raised_by_plugin(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
+    return "pytest_evalreplay" in str(excinfo.traceback[-1].path)
+
+
 class RolloutItem(TaskItem):
-    """One rollout of one instance. Running it reads the task's batched result
-    (the first item of a batch to run generates the whole batch)."""
+    """One rollout of one instance. Running it reads its result from the
+    session (the first item of a chunk to run generates the whole chunk)."""
 
-    def __init__(self, *, stage: int, instance_id: str, rollout: int, **kwargs: Any) -> None:
+    def __init__(self, *, key: tuple[int, str, int], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.stage = stage
-        self.instance_id = instance_id
-        self.rollout = rollout
-        self.extra_keyword_matches.update({instance_id, f"s{stage}", f"r{rollout}", f"s{stage}-r{rollout}"})
-        self.user_properties.extend(_identity(self))
-
-    @property
-    def key(self) -> tuple[int, str, int]:
-        return (self.stage, self.instance_id, self.rollout)
+        self.key = key
+        stage, iid, rollout = key
+        self.extra_keyword_matches.update({iid, f"s{stage}", f"r{rollout}", f"s{stage}-r{rollout}"})
 
     def runtest(self) -> None:
-        result = self.config.stash[SESSION_KEY].result_for(self)
+        from pytest_evalreplay.session import ProviderExit
+
+        session = session_of(self.config)
+        try:
+            result = session.result_for(self.task.name, self.key)
+        except ProviderExit as exc:
+            pytest.exit(str(exc), returncode=pytest.ExitCode.INTERRUPTED)
         record(self, result)
         if not result.ok:
             raise ItemFailed(result.error)
+        if session.is_reused(self.task.name, self.key):
+            self.user_properties.append(("evalreplay.reused", True))
+            pytest.skip(REUSED_REASON)
 
 
 class GateItem(TaskItem):
     """`<file>::<task>::gate`: judges the task's results against its Gate.
-    Collected after the task's rollouts, so it runs once they have."""
+    Runs after the task's items (the plugin orders it so); if it runs first
+    anyway (a selection, another plugin's order, an xdist worker), it makes
+    the task's selected items complete before judging."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.user_properties.append(("evalreplay.gate", self.task.name))
 
     def runtest(self) -> None:
+        from pytest_evalreplay.session import ProviderExit
+
         try:
-            outcome = self.config.stash[SESSION_KEY].gate_outcome(self.task)
+            outcome = session_of(self.config).gate_outcome(self.task)
         except EvalReplayError as exc:
             raise ItemFailed(str(exc)) from None
+        except ProviderExit as exc:
+            pytest.exit(str(exc), returncode=pytest.ExitCode.INTERRUPTED)
         self.user_properties.extend(
             [
                 ("gate.metric", outcome.gate.metric),
-                ("gate.value", outcome.value),
                 ("gate.passed", outcome.passed),
                 ("gate.summary", outcome.describe()),
             ]
         )
+        if outcome.value is not None:
+            self.user_properties.append(("gate.value", outcome.value))
         if not outcome.passed:
             raise ItemFailed(outcome.describe())
 
 
-def _identity(item: RolloutItem) -> list[tuple[str, object]]:
-    return [
-        ("evalreplay.task", item.task.name),
-        ("evalreplay.instance", item.instance_id),
-        ("evalreplay.stage", item.stage),
-        ("evalreplay.rollout", item.rollout),
-    ]
-
-
 def record(item: pytest.Item, result: RolloutResult) -> None:
-    """Put the item's scores and finish reason in user_properties (and so in JUnit XML)."""
+    """The item's identity, scores and finish reason in user_properties (and so
+    in JUnit XML). Nothing that is None goes in: JUnit would show "None"."""
     props = item.user_properties
+    props.extend(
+        [
+            ("evalreplay.task", result.task),
+            ("evalreplay.instance", result.instance_id),
+            ("evalreplay.stage", result.stage),
+            ("evalreplay.rollout", result.rollout),
+        ]
+    )
     for name, value in result.scores.items():
         props.append((f"score.{name}", value))
     gen = result.generation
     if gen is not None:
-        props.append(("finish_reason", gen.finish_reason))
+        if gen.finish_reason is not None:
+            props.append(("finish_reason", gen.finish_reason))
         if gen.completion_tokens is not None:
             props.append(("completion_tokens", gen.completion_tokens))
-
-
-def mark_reused(item: RolloutItem, result: RolloutResult) -> None:
-    """Report a journal-held item as skipped, carrying its stored scores."""
-    record(item, result)
-    item.user_properties.append(("evalreplay.reused", True))
-    item.add_marker(pytest.mark.skip(reason=REUSED_REASON))
+    if result.failure_class is not None:
+        props.append(("evalreplay.failure_class", result.failure_class))

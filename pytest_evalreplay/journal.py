@@ -1,24 +1,36 @@
-"""The per-task journal: what `--resume` trusts.
+"""The per-task journal: the one durable log that `--resume` trusts and the
+run dir is written from.
 
-Two append-only JSONL files per task, beside the run dir:
+`<task>-journal.jsonl` in the output dir, append-only, one JSON object per
+line (orjson), each row typed:
 
-- `<task>-journal.jsonl`: a header (run id, fingerprint, config), then
-  `request` rows (one per stage and instance) and `done` rows (one per
-  scored rollout). Rows are written, flushed and fsynced per batch before any
-  item of that batch reports, so a passed item is always durable.
-- `<task>-failures.jsonl`: one row per failed attempt, with the attempt
-  number and a failure class. Never read into metrics.
+- `header`: `format`, `task`, `run` (the run that started the file).
+- `provider`: a provider identity (`kind`, `model`, ...) and its digest.
+- `request`: a request's content (context, system prompt, request type,
+  sampling, images, tools) and its digest. Written once per distinct content.
+- `gen`: one generated rollout: `stage`, `instance_id`, `rollout`, the
+  digests of the `request` it answered and the `provider` that made it, the
+  `run`, and the `generation`.
+- `score`: the scores (or the scoring error) of one rollout's generation,
+  named by the run that generated it (`of`); the latest row for a
+  generation wins. Written only when the scores are new or changed.
+- `fail`: one failed attempt (`model.Failure`), with request, provider, run.
+- `stage`: multi-stage records (`planned`, `complete`), see `stages.py`.
 
-One writer at a time: every write holds a `filelock` on the journal, so
-pytest-xdist workers never interleave rows. The journal is data, never code:
-read with orjson and validated row by row.
+Reuse is decided by content: a rollout's `gen` row is reused when its request
+digest and provider digest equal those of the request rendered now. Writers
+append whole groups of rows with one fsync (`files.append_durably`) under a
+per-task file lock, so pytest-xdist workers never interleave rows. Reading is
+incremental (from a byte offset), keeps only compact references (positions of
+rows, not their text), and validates every row: a malformed line names file
+and line; a torn last line (a crash mid-write) is skipped and reported.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,313 +38,396 @@ from typing import Any
 import orjson
 from filelock import FileLock
 
-from pytest_evalreplay.fingerprint import canonical, describe_change
-from pytest_evalreplay.model import EvalReplayError, Generation, RolloutResult
+from pytest_evalreplay.files import append_durably, atomic_write, os_error
+from pytest_evalreplay.model import EvalReplayError, Failure, Generation
 
-FORMAT = "evalreplay-journal/1"
+FORMAT = "evalreplay-journal/2"
 RolloutKey = tuple[int, str, int]  # (stage, instance_id, rollout)
-RequestKey = tuple[int, str]
+RequestKey = tuple[int, str]  # (stage, instance_id)
+
+_SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 
 
-class TornLineWarning(UserWarning):
-    """The last line of a journal was cut short by a crash and is ignored."""
-
-
-@dataclass(frozen=True)
-class Failure:
-    attempts: int
-    message: str
-    failure_class: str
-    final: bool
-
-
-@dataclass
-class JournalState:
-    """What a journal holds, validated."""
-
-    header: dict[str, Any] | None = None
-    requests: dict[RequestKey, dict[str, Any]] = field(default_factory=dict)
-    done: dict[RolloutKey, RolloutResult] = field(default_factory=dict)
-    models: dict[RolloutKey, str | None] = field(default_factory=dict)
-    failures: dict[RolloutKey, Failure] = field(default_factory=dict)
-
-    @property
-    def fingerprint(self) -> str | None:
-        return None if self.header is None else self.header.get("fingerprint")
-
-    def attempts(self) -> dict[RequestKey, int]:
-        """Failed attempts per request so far, for the attempt cap across runs."""
-        out: dict[RequestKey, int] = {}
-        for (stage, iid, _), failure in self.failures.items():
-            if failure.failure_class in ("retryable", "terminal"):
-                out[(stage, iid)] = max(out.get((stage, iid), 0), failure.attempts)
-        return out
-
-    def final_failures(self, max_attempts: int | None = None) -> dict[RolloutKey, Failure]:
-        """Failed rollouts not to try again. Given this run's `max_attempts`, a
-        retryable failure is final by its attempt count rather than by the cap
-        it was recorded under, so raising the cap retries it."""
-        return {
-            k: f
-            for k, f in self.failures.items()
-            if k not in self.done
-            and (
-                f.attempts >= max_attempts
-                if max_attempts is not None and f.failure_class == "retryable"
-                else f.final
-            )
-        }
+def digest(value: Any) -> str:
+    """A content digest: blake2b-128 over canonical (sorted-key) orjson bytes."""
+    return hashlib.blake2b(orjson.dumps(value, option=_SORTED), digest_size=16).hexdigest()
 
 
 def journal_path(directory: Path, task: str) -> Path:
     return directory / f"{task}-journal.jsonl"
 
 
-def failures_path(directory: Path, task: str) -> Path:
-    return directory / f"{task}-failures.jsonl"
+def task_lock(directory: Path, task: str) -> FileLock:
+    """The lock every writer of a task's journal (and its run dir files) holds."""
+    return FileLock(str(directory / f".{task}.lock"))
 
 
-def _lock(directory: Path, task: str) -> FileLock:
-    return FileLock(str(directory / f".{task}-journal.lock"))
+@dataclass(frozen=True, slots=True)
+class GenRef:
+    """Where a `gen` row is, and what it answered (its text stays on disk)."""
+
+    request: str
+    provider: str
+    run: str
+    offset: int
+    length: int
+    lineno: int
+    seq: int  # row number in the file, to order events of one key
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
-def _lines(path: Path) -> Iterable[tuple[int, Any]]:
-    """Parsed rows; a torn last line (no newline, bad JSON) is dropped with a warning."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return
-    lines = data.split(b"\n")
-    last = len(lines)
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+@dataclass(frozen=True, slots=True)
+class ScoreRef:
+    """The latest scores (or scoring error) of one generation."""
+
+    scores: Mapping[str, float] | None
+    error: str | None
+    run: str
+    lineno: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailRef:
+    failure: Failure
+    request: str
+    provider: str
+    run: str
+    lineno: int
+    seq: int
+
+
+@dataclass
+class JournalIndex:
+    """What a task's journal holds, as compact references, read incrementally.
+
+    `refresh()` reads rows appended since the last read (by this process or
+    another), so an xdist worker sees what its peers generated once it holds
+    the task lock. `limit` caps the bytes read (the resume snapshot the
+    controller takes, so every worker decides from the same journal).
+    """
+
+    path: Path
+    task: str
+    header: dict[str, Any] | None = None
+    offset: int = 0
+    lineno: int = 0
+    rows: int = 0
+    gens: dict[RolloutKey, list[GenRef]] = field(default_factory=dict)
+    scores: dict[tuple[RolloutKey, str], ScoreRef] = field(default_factory=dict)
+    fails: dict[RolloutKey, list[FailRef]] = field(default_factory=dict)
+    requests: dict[str, tuple[int, int]] = field(default_factory=dict)  # digest -> (offset, length)
+    providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stage_rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (lineno, row)
+    torn: int | None = None  # line number of a torn last line, if any
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, directory: Path, task: str, limit: int | None = None) -> JournalIndex:
+        index = cls(journal_path(directory, task), task)
+        index.refresh(limit)
+        return index
+
+    def reset(self) -> None:
+        """Forget everything (the file was replaced by a fresh one)."""
+        fresh = JournalIndex(self.path, self.task)
+        self.__dict__.update(fresh.__dict__)
+
+    def refresh(self, limit: int | None = None) -> None:
+        """Read what was appended since the last read (up to `limit` bytes in all)."""
         try:
-            yield lineno, orjson.loads(line)
-        except orjson.JSONDecodeError:
-            if lineno == last:  # no newline after it: the write was cut short
-                warnings.warn(
-                    f"{path}:{lineno}: ignoring a torn last line (the run died mid-write)",
-                    TornLineWarning,
-                    stacklevel=2,
-                )
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            if self.offset:
+                self.reset()  # the file went away: another process reset it
+            return
+        except OSError as exc:
+            raise os_error(self.path, exc, "read the journal") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < self.offset:  # replaced by a fresh journal (a reset by a peer)
+                self.reset()
+            end = size if limit is None else min(size, limit)
+            if end <= self.offset:
                 return
+            data = os.pread(fd, end - self.offset, self.offset)
+        except OSError as exc:
+            raise os_error(self.path, exc, "read the journal") from None
+        finally:
+            os.close(fd)
+        if self.offset == 0 and data[:1] != b"{" and data.strip() and not data.lstrip().startswith(b"{"):
             raise EvalReplayError(
-                f"{path}:{lineno}: malformed journal line; delete the file (or run without "
-                "--resume) to start this task fresh"
-            ) from None
-
-
-def _need(row: Any, where: str, **types: type | tuple[type, ...]) -> dict[str, Any]:
-    if not isinstance(row, dict):
-        raise EvalReplayError(f"{where}: a journal row must be a JSON object")
-    for name, kind in types.items():
-        if not isinstance(row.get(name), kind) or (isinstance(row.get(name), bool) and kind is int):
-            raise EvalReplayError(f"{where}: journal row lacks a valid {name!r}; run without --resume")
-    return row
-
-
-def read(directory: Path, task: str) -> JournalState:
-    """Read and validate a task's journal and failures sidecar."""
-    state = JournalState()
-    path = journal_path(directory, task)
-    for lineno, row in _lines(path):
-        where = f"{path}:{lineno}"
-        kind = _need(row, where, type=str)["type"]
-        if kind == "header":
-            if row.get("format") != FORMAT or state.header is not None:
-                what = "a second header" if state.header is not None else f"not an {FORMAT} journal"
-                raise EvalReplayError(f"{where}: {what}; delete the file to start this task fresh")
-            state.header = _need(row, where, fingerprint=str, config=dict)
-        elif kind == "request":
-            _need(row, where, stage=int, instance_id=str, request=dict)
-            state.requests[(row["stage"], row["instance_id"])] = row["request"]
-        elif kind == "done":
-            _need(row, where, stage=int, instance_id=str, rollout=int, generation=dict, scores=dict)
-            key: RolloutKey = (row["stage"], row["instance_id"], row["rollout"])
-            state.done[key] = RolloutResult(
-                task=task,
-                stage=key[0],
-                instance_id=key[1],
-                rollout=key[2],
-                generation=Generation.from_row(row["generation"], where),
-                scores=_scores(row["scores"], where),
+                f"{self.path}:1: not a journal (its first line is not a JSON object); "
+                "delete it, or run with --evalreplay-reset to discard this task's saved results"
             )
-            state.models[key] = row.get("model")
+        self._parse(data)
+
+    def _parse(self, data: bytes) -> None:
+        base = self.offset
+        pos = 0
+        n = len(data)
+        loads = orjson.loads
+        while pos < n:
+            nl = data.find(b"\n", pos)
+            if nl < 0:  # no newline yet: torn (a crash) or being written; read again later
+                if data[pos:].strip():
+                    self.torn = self.lineno + 1
+                return
+            line = data[pos:nl]
+            start = base + pos
+            pos = nl + 1
+            self.lineno += 1
+            if line.strip():
+                where = f"{self.path}:{self.lineno}"
+                try:
+                    row = loads(line)
+                except orjson.JSONDecodeError as exc:
+                    self.lineno -= 1
+                    raise EvalReplayError(
+                        f"{where}: malformed journal line ({exc}); delete that line, or run with "
+                        "--evalreplay-reset to discard this task's saved results"
+                    ) from None
+                try:
+                    self._apply(row, where, start, len(line))
+                except EvalReplayError:
+                    self.lineno -= 1
+                    raise
+            self.offset = base + pos
+            self.torn = None
+
+    def _apply(self, row: Any, where: str, offset: int, length: int) -> None:
+        if not isinstance(row, dict) or not isinstance(row.get("type"), str):
+            raise EvalReplayError(f"{where}: a journal row must be a JSON object with a 'type'")
+        kind = row["type"]
+        self.rows += 1
+        if kind == "header":
+            if self.header is not None:
+                raise EvalReplayError(f"{where}: a second journal header; run with --evalreplay-reset")
+            if row.get("format") != FORMAT:
+                raise EvalReplayError(
+                    f"{where}: a journal of another format ({row.get('format')!r}, this version reads "
+                    f"{FORMAT!r}); delete it, or run with --evalreplay-reset to discard it"
+                )
+            self.header = row
+            return
+        if self.header is None:
+            raise EvalReplayError(
+                f"{where}: journal rows before its header; delete the file or run with --evalreplay-reset"
+            )
+        seq = self.rows
+        if kind == "gen":
+            key = _key(row, where, "rollout")
+            generation = row.get("generation")
+            if not isinstance(generation, dict) or not isinstance(generation.get("text"), str):
+                raise EvalReplayError(f"{where}: a gen row needs a 'generation' object with a 'text'")
+            ptok, ctok = generation.get("prompt_tokens"), generation.get("completion_tokens")
+            self.gens.setdefault(key, []).append(
+                GenRef(
+                    request=_str_field(row, "request", where),
+                    provider=_str_field(row, "provider", where),
+                    run=_str_field(row, "run", where),
+                    offset=offset,
+                    length=length,
+                    lineno=self.lineno,
+                    seq=seq,
+                    prompt_tokens=ptok if type(ptok) is int else None,
+                    completion_tokens=ctok if type(ctok) is int else None,
+                )
+            )
+        elif kind == "score":
+            key = _key(row, where, "rollout")
+            of = _str_field(row, "of", where)
+            scores = row.get("scores")
+            error = row.get("error")
+            if scores is not None:
+                scores = _scores(scores, where)
+            elif not isinstance(error, str):
+                raise EvalReplayError(f"{where}: a score row needs 'scores' or an 'error'")
+            self.scores[(key, of)] = ScoreRef(scores, error, _str_field(row, "run", where), self.lineno)
+        elif kind == "fail":
+            failure = Failure.from_row(row, where)
+            ref = FailRef(
+                failure,
+                _str_field(row, "request", where),
+                _str_field(row, "provider", where),
+                _str_field(row, "run", where),
+                self.lineno,
+                seq,
+            )
+            for rollout in failure.rollouts:
+                self.fails.setdefault((failure.stage, failure.instance_id, rollout), []).append(ref)
+        elif kind == "request":
+            rq = _str_field(row, "digest", where)
+            if not isinstance(row.get("request"), dict):
+                raise EvalReplayError(f"{where}: a request row needs a 'request' object")
+            self.requests.setdefault(rq, (offset, length))
+        elif kind == "provider":
+            pv = _str_field(row, "digest", where)
+            if not isinstance(row.get("provider"), dict):
+                raise EvalReplayError(f"{where}: a provider row needs a 'provider' object")
+            self.providers.setdefault(pv, row["provider"])
+        elif kind == "stage":
+            self.stage_rows.append((self.lineno, row))
         else:
             raise EvalReplayError(f"{where}: unknown journal row type {kind!r}")
-        if state.header is None:
-            raise EvalReplayError(f"{where}: journal rows before its header; delete the file")
-    fpath = failures_path(directory, task)
-    for lineno, row in _lines(fpath):
-        where = f"{fpath}:{lineno}"
-        _need(
-            row, where, stage=int, instance_id=str, rollouts=list, attempt=int, failure_class=str, message=str
-        )
-        if not all(isinstance(r, int) and not isinstance(r, bool) for r in row["rollouts"]):
-            raise EvalReplayError(f"{where}: 'rollouts' must be a list of integers; run without --resume")
-        for rollout in row["rollouts"]:
-            state.failures[(row["stage"], row["instance_id"], rollout)] = Failure(
-                attempts=row["attempt"],
-                message=row["message"],
-                failure_class=row["failure_class"],
-                final=bool(row.get("final")),
+
+    # -- reading rows back ---------------------------------------------------
+
+    def read_row(self, offset: int, length: int) -> dict[str, Any]:
+        """The row at a position this index recorded (a `gen` or `request` row)."""
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(offset)
+                line = fh.read(length)
+        except OSError as exc:
+            raise os_error(self.path, exc, "read the journal") from None
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict):
+            raise EvalReplayError(
+                f"{self.path}: the journal changed under this session (a row moved); "
+                "another process rewrote it: run again with --resume"
             )
-    return state
+        return row
+
+    def generation(self, ref: GenRef) -> Generation:
+        row = self.read_row(ref.offset, ref.length)
+        return Generation.from_row(row.get("generation"), f"{self.path}:{ref.lineno}")
+
+    def request(self, rq: str) -> dict[str, Any] | None:
+        at = self.requests.get(rq)
+        return None if at is None else self.read_row(*at)["request"]
+
+    def rows_in_order(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Every row, parsed again from disk, with its line number (for full passes)."""
+        try:
+            data = self.path.read_bytes()[: self.offset]
+        except OSError as exc:
+            raise os_error(self.path, exc, "read the journal") from None
+        for lineno, line in enumerate(data.split(b"\n"), 1):
+            if line.strip():
+                yield lineno, orjson.loads(line)
+
+    # -- questions the session asks -----------------------------------------
+
+    def latest_gen(self, key: RolloutKey, request: str, provider: str) -> GenRef | None:
+        """The newest generation of `key` that answered exactly this request with this provider."""
+        for ref in reversed(self.gens.get(key, ())):
+            if ref.request == request and ref.provider == provider:
+                return ref
+        return None
+
+    def latest_fail(self, key: RolloutKey, request: str, provider: str) -> FailRef | None:
+        for ref in reversed(self.fails.get(key, ())):
+            if ref.request == request and ref.provider == provider:
+                return ref
+        return None
+
+    def score_of(self, key: RolloutKey, gen: GenRef) -> ScoreRef | None:
+        return self.scores.get((key, gen.run))
 
 
-def _scores(scores: dict[str, Any], where: str) -> dict[str, float]:
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values()):
-        raise EvalReplayError(f"{where}: 'scores' must map names to numbers; run without --resume")
+def _key(row: dict[str, Any], where: str, rollout_field: str) -> RolloutKey:
+    stage, iid, rollout = row.get("stage"), row.get("instance_id"), row.get(rollout_field)
+    if type(stage) is not int or not isinstance(iid, str) or type(rollout) is not int:
+        raise EvalReplayError(
+            f"{where}: journal row needs an integer 'stage', a string 'instance_id' and an integer "
+            f"'{rollout_field}'; delete that line or run with --evalreplay-reset"
+        )
+    return (stage, iid, rollout)
+
+
+def _str_field(row: dict[str, Any], name: str, where: str) -> str:
+    value = row.get(name)
+    if not isinstance(value, str):
+        raise EvalReplayError(f"{where}: journal row lacks a string {name!r}; delete that line")
+    return value
+
+
+def _scores(scores: Any, where: str) -> dict[str, float]:
+    import math
+
+    if not isinstance(scores, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in scores.values()
+    ):
+        raise EvalReplayError(f"{where}: 'scores' must map names to finite numbers; delete that line")
     return {str(k): float(v) for k, v in scores.items()}
 
 
-def staleness(state: JournalState, fingerprint: str, config: Mapping[str, Any]) -> str | None:
-    """Why a journal cannot be resumed from, or None when it can."""
-    if state.header is None:
-        return "no journal yet" if not state.done else "journal has no header"
-    if state.fingerprint == fingerprint:
-        return None
-    old = state.header.get("config")
-    return describe_change(old, config) if isinstance(old, dict) else "config changed"
+# -- writing ---------------------------------------------------------------------
 
 
-def _append(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
-    """Append rows, first cutting a half-written last line (a writer died
-    mid-write: an xdist worker, or an earlier run), so rows never run together."""
-    blob = b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows)
-    if not blob:
-        return
-    with path.open("a+b") as fh:
-        end = fh.seek(0, os.SEEK_END)
-        if end:
-            fh.seek(end - 1)
-            if fh.read(1) != b"\n":
-                fh.seek(0)
-                fh.truncate(fh.read().rfind(b"\n") + 1)
-        fh.write(blob)
-        fh.flush()
-        os.fsync(fh.fileno())
+def header_row(task: str, run: str) -> dict[str, Any]:
+    return {"type": "header", "format": FORMAT, "task": task, "run": run}
 
 
-class JournalWriter:
-    """Appends one task's rows; opened by the first generation of a run.
-
-    Opening decides, under the lock, whether to keep what the files hold
-    (same run id: another xdist worker of this run; or a resume with an equal
-    fingerprint) or to start them fresh.
-    """
-
-    def __init__(
-        self,
-        directory: Path,
-        task: str,
-        fingerprint: str,
-        config: Mapping[str, Any],
-        run_id: str,
-        resume: bool,
-    ) -> None:
-        self.directory = directory
-        self.task = task
-        self.fingerprint = fingerprint
-        self.config = canonical(config)
-        self.run_id = run_id
-        self.resume = resume
-        self.opened = False
-        self.fresh = False
-
-    @property
-    def path(self) -> Path:
-        return journal_path(self.directory, self.task)
-
-    def _open(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        header = self._header()
-        keep = header is not None and (
-            header.get("run_id") == self.run_id
-            or (self.resume and header.get("fingerprint") == self.fingerprint)
-        )
-        self.fresh = not keep
-        if not keep:
-            failures_path(self.directory, self.task).unlink(missing_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_bytes(orjson.dumps(self._new_header(), option=orjson.OPT_APPEND_NEWLINE))
-            os.replace(tmp, self.path)
-        self.opened = True
-
-    def _header(self) -> dict[str, Any] | None:
-        try:
-            with self.path.open("rb") as fh:
-                first = fh.readline()
-            row = orjson.loads(first)
-        except (FileNotFoundError, orjson.JSONDecodeError):
-            return None
-        return row if isinstance(row, dict) and row.get("type") == "header" else None
-
-    def _new_header(self) -> dict[str, Any]:
-        return {
-            "type": "header",
-            "format": FORMAT,
-            "task": self.task,
-            "run_id": self.run_id,
-            "fingerprint": self.fingerprint,
-            "config": self.config,
-        }
-
-    def write(
-        self,
-        done: Iterable[Mapping[str, Any]] = (),
-        failures: Iterable[Mapping[str, Any]] = (),
-    ) -> None:
-        """Append a batch's rows durably (flush + fsync) under the lock."""
-        with _lock(self.directory, self.task):
-            if not self.opened:
-                self._open()
-            _append(self.path, done)
-            _append(failures_path(self.directory, self.task), failures)
-
-    def open(self) -> None:
-        """Open now, before the first generation, so a bare run clears a stale
-        journal even if it dies before its first row (`fresh` says which way)."""
-        with _lock(self.directory, self.task):
-            if not self.opened:
-                self._open()
+def request_row(rq: str, request: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": "request", "digest": rq, "request": dict(request)}
 
 
-def request_row(stage: int, instance_id: str, request: Mapping[str, Any]) -> dict[str, Any]:
-    return {"type": "request", "stage": stage, "instance_id": instance_id, "request": request}
+def provider_row(pv: str, provider: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": "provider", "digest": pv, "provider": dict(provider)}
 
 
-def done_row(result: RolloutResult, model: str | None) -> dict[str, Any]:
-    assert result.generation is not None
+def gen_row(key: RolloutKey, rq: str, pv: str, run: str, generation: Generation) -> dict[str, Any]:
     return {
-        "type": "done",
-        "stage": result.stage,
-        "instance_id": result.instance_id,
-        "rollout": result.rollout,
-        "model": model,
-        "generation": result.generation.to_row(),
-        "scores": dict(result.scores),
+        "type": "gen",
+        "stage": key[0],
+        "instance_id": key[1],
+        "rollout": key[2],
+        "request": rq,
+        "provider": pv,
+        "run": run,
+        "generation": generation.to_row(),
     }
 
 
-def failure_row(
-    stage: int,
-    instance_id: str,
-    rollouts: Iterable[int],
-    attempt: int,
-    failure_class: str,
-    message: str,
-    final: bool,
-    run_id: str,
+def score_row(
+    key: RolloutKey, of: str, run: str, scores: Mapping[str, float] | None, error: str | None
 ) -> dict[str, Any]:
-    return {
-        "stage": stage,
-        "instance_id": instance_id,
-        "rollouts": list(rollouts),
-        "attempt": attempt,
-        "failure_class": failure_class,
-        "message": message,
-        "final": final,
-        "run_id": run_id,
+    row: dict[str, Any] = {
+        "type": "score",
+        "stage": key[0],
+        "instance_id": key[1],
+        "rollout": key[2],
+        "of": of,
+        "run": run,
     }
+    if error is None:
+        row["scores"] = dict(scores or {})
+    else:
+        row["error"] = error
+    return row
+
+
+def fail_row(failure: Failure, rq: str, pv: str, run: str) -> dict[str, Any]:
+    return {"type": "fail", **failure.to_row(), "request": rq, "provider": pv, "run": run}
+
+
+def encode(rows: Iterable[Mapping[str, Any]]) -> bytes:
+    return b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows)
+
+
+def append(directory: Path, task: str, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Append rows durably (one write, one fsync). The caller holds the task lock."""
+    append_durably(journal_path(directory, task), encode(rows))
+
+
+def start_fresh(directory: Path, task: str, run: str) -> None:
+    """Replace the journal by one holding only a header (the caller holds the lock)."""
+    atomic_write(journal_path(directory, task), encode([header_row(task, run)]))
+
+
+def ensure_header(directory: Path, task: str, run: str) -> None:
+    """Give a missing or empty journal its header (the caller holds the lock)."""
+    path = journal_path(directory, task)
+    try:
+        empty = path.stat().st_size == 0
+    except FileNotFoundError:
+        empty = True
+    except OSError as exc:
+        raise os_error(path, exc, "read the journal") from None
+    if empty:
+        start_fresh(directory, task, run)

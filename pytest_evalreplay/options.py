@@ -19,6 +19,7 @@ from pytest_evalreplay.model import EvalReplayError
 
 DEFAULT_CONCURRENCY = 32
 DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_PROGRESS_INTERVAL = 15.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class Settings:
     update_baseline: bool = False
     quiet: bool = False
     timeout: float | None = None
+    reset: bool = False
+    report_reused: bool = False
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    in_play: bool = False  # any evalreplay option or ini key is set
 
 
 # (name, ini type, help, command-line kwargs)
@@ -143,6 +148,30 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini(
         "evalreplay_update_baseline", "write the baseline from this run (bool)", type="bool", default=False
     )
+    group.addoption(
+        "--evalreplay-reset",
+        action="store_true",
+        default=False,
+        dest="evalreplay_reset",
+        help="discard the saved results (journal and run dir files) of every task this run selects, "
+        "then run them afresh",
+    )
+    group.addoption(
+        "--evalreplay-report-reused",
+        action="store_true",
+        default=False,
+        dest="evalreplay_report_reused",
+        help="with --resume, keep reused items in the run (reported skipped, with their scores, in "
+        "the terminal and JUnit XML) instead of deselecting them; costs pytest's per-item overhead",
+    )
+    parser.addini(
+        "evalreplay_report_reused", "report reused items instead of deselecting them (bool)", type="bool", default=False
+    )
+    parser.addini(
+        "evalreplay_progress_interval",
+        f"seconds between generation progress lines in a non-terminal log (default {DEFAULT_PROGRESS_INTERVAL:g})",
+        default=None,
+    )
 
 
 def _raw(config: pytest.Config, name: str) -> Any:
@@ -168,6 +197,28 @@ def _number(config: pytest.Config, name: str, kind: type, low: float, default: A
             f"{'number' if kind is float else 'whole number'} >= {low}, got {raw!r}"
         )
     return value
+
+
+def _progress_interval(config: pytest.Config) -> float:
+    raw = config.getini("evalreplay_progress_interval")
+    if not raw:
+        return DEFAULT_PROGRESS_INTERVAL
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (0 <= value < float("inf")):
+        raise pytest.UsageError(f"ini evalreplay_progress_interval must be a number of seconds >= 0, got {raw!r}")
+    return value
+
+
+def _in_play(config: pytest.Config) -> bool:
+    """Whether this session asked for anything of the plugin (an option or ini key)."""
+    for name, _, _, _ in _OPTIONS:
+        if _raw(config, name) is not None:
+            return True
+    flags = ("evalreplay_resume", "evalreplay_update_baseline", "evalreplay_reset")
+    return any(config.getoption(f) for f in flags) or bool(config.getini("evalreplay_resume"))
 
 
 def _timeout(config: pytest.Config) -> float | None:
@@ -246,4 +297,10 @@ def resolve(config: pytest.Config) -> Settings:
         update_baseline=update_baseline,
         quiet=config.getoption("verbose") < 0,
         timeout=_timeout(config),
+        reset=bool(config.getoption("evalreplay_reset")),
+        report_reused=bool(
+            config.getoption("evalreplay_report_reused") or config.getini("evalreplay_report_reused")
+        ),
+        progress_interval=_progress_interval(config),
+        in_play=_in_play(config),
     )

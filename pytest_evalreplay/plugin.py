@@ -1,19 +1,27 @@
 """The pytest hooks of pytest-evalreplay. Thin by design: each hook hands
-over to the module that owns the work (options, items, session, report)."""
+over to the module that owns the work (options, items, session, report).
+
+Nothing heavy is imported or registered until a session uses the plugin: a
+plain pytest run in an environment where it is installed pays for reading
+the options and one `isinstance` per collected module attribute.
+"""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_evalreplay import hookspecs, options, providers
-from pytest_evalreplay.items import SESSION_KEY, TaskCollector
-from pytest_evalreplay.model import EvalReplayError, Provider
-from pytest_evalreplay.report import Summary, progress_printer
-from pytest_evalreplay.session import EvalSession
-from pytest_evalreplay.task import EvalTask
+from pytest_evalreplay import hookspecs, options
+from pytest_evalreplay.model import EvalReplayError
+
+if TYPE_CHECKING:
+    from pytest_evalreplay.report import Summary
+    from pytest_evalreplay.session import EvalSession
+
+_PLUGIN_NAME = "evalreplay-session"
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -24,7 +32,257 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
 
-def _output_dir(config: pytest.Config, settings: options.Settings) -> Path:
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "evalreplay: an item of an LLM evaluation (pytest-evalreplay)")
+    settings = options.resolve(config)
+    if settings.in_play and settings.provider == "vllm" and _xdist_workers(config):
+        raise pytest.UsageError(
+            "-n/--numprocesses with --evalreplay-provider=vllm would load the model in every xdist worker: "
+            "run in one process, or serve the model (python -m vllm.entrypoints.openai.api_server ...) and "
+            "use --evalreplay-provider=openai with -n (see docs/providers.md, 'Past one machine')"
+        )
+    plugin = EvalReplayPlugin(config, settings)
+    config.pluginmanager.register(plugin, _PLUGIN_NAME)
+    if config.pluginmanager.hasplugin("xdist"):
+        from pytest_evalreplay.distributed import XdistHooks
+
+        config.pluginmanager.register(XdistHooks(plugin), "evalreplay-xdist")
+
+
+def _xdist_workers(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
+    task_module = sys.modules.get("pytest_evalreplay.task")
+    if task_module is None or not isinstance(obj, task_module.EvalTask):
+        return None  # no EvalTask can exist before its module is imported
+    from pytest_evalreplay.items import COLLECTED_KEY, TaskCollector
+
+    seen = collector.config.stash.setdefault(COLLECTED_KEY, {})
+    first = seen.setdefault(id(obj), collector.nodeid)
+    if first != collector.nodeid:
+        return []  # the same task imported into a second module: collected once, where first met
+    return TaskCollector.from_parent(collector, name=obj.name, task=obj)
+
+
+class EvalReplayPlugin:
+    """The hooks that need state, registered per pytest session. The session
+    machinery (journal, provider, run dir) is built when eval items show up."""
+
+    def __init__(self, config: pytest.Config, settings: options.Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self._session: EvalSession | None = None
+        self._summary: Summary | None = None
+
+    # -- lazily built parts ------------------------------------------------------
+
+    @property
+    def session(self) -> EvalSession:
+        if self._session is None:
+            self._session = self._make_session()
+        return self._session
+
+    @property
+    def summary(self) -> Summary:
+        if self._summary is None:
+            from pytest_evalreplay.report import Summary
+
+            self._summary = Summary()
+        return self._summary
+
+    def _make_session(self) -> EvalSession:
+        from pytest_evalreplay.items import SESSION_KEY
+        from pytest_evalreplay.providers import ProviderHost
+        from pytest_evalreplay.report import TerminalProgress
+        from pytest_evalreplay.session import EvalSession, WorkerInfo
+
+        config, settings = self.config, self.settings
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        workerinput = getattr(config, "workerinput", None)
+        worker = None
+        if workerinput is not None:
+            worker = WorkerInfo(int(workerinput.get("workerid", "gw0")[2:] or 0), workerinput.get("workercount", 1))
+        session = EvalSession(
+            settings=settings,
+            output=lambda: output_dir(config, settings),
+            run_id=(workerinput or {}).get("evalreplay_run_id"),
+            host=ProviderHost(
+                settings, lambda kind: config.hook.pytest_evalreplay_make_provider(config=config, kind=kind)
+            ),
+            notify=(lambda line: tr.write_line(line)) if tr is not None else (lambda line: None),
+            progress=TerminalProgress(
+                config, settings.quiet, settings.provider == "replay", settings.progress_interval
+            ),
+            worker=worker,
+            snapshot=(workerinput or {}).get("evalreplay_snapshot"),
+        )
+        config.stash[SESSION_KEY] = session
+        return session
+
+    @property
+    def active(self) -> bool:
+        return self._session is not None
+
+    # -- status where pytest users look ------------------------------------------
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str] | None:
+        s = self.settings
+        if not s.in_play:
+            return None
+        parts = [f"provider: {s.provider or 'none'}"]
+        if s.model:
+            parts.append(f"model: {s.model}")
+        if s.predictions is not None:
+            parts.append(f"predictions: {s.predictions}")
+        parts.append(f"output: {s.output or 'pytest cache (.pytest_cache/d/evalreplay)'}")
+        mode = "reset" if s.reset else ("resume" if s.resume else "fresh for what is selected")
+        parts.append(f"mode: {mode}")
+        return ["evalreplay: " + ", ".join(parts)]
+
+    # -- collection --------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Plan the tasks on the final selection: after every plugin's
+        `pytest_collection_modifyitems` (-k, -m, --lf, --sw, pytest-randomly
+        and wrappers included), before the terminal counts what was collected
+        and before an xdist worker reports its collection."""
+        self._plan(session, session.config, session.items)
+        if not self.active or session.config.option.collectonly:
+            return
+        try:
+            self.session.prepare_provider()
+        except EvalReplayError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+    def _plan(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+        from pytest_evalreplay.items import GateItem, RolloutItem, TaskItem
+
+        eval_items = [item for item in items if isinstance(item, TaskItem)]
+        if not eval_items:
+            return
+        tasks: dict[str, tuple[Any, list[tuple[int, str, int]]]] = {}
+        for item in eval_items:
+            entry = tasks.setdefault(item.task.name, (item.task, []))
+            if entry[0] is not item.task:
+                raise pytest.UsageError(
+                    f"two different tasks are named {item.task.name!r} ({item.nodeid}); task names must "
+                    "be unique in a session (they name run dir files)"
+                )
+            if isinstance(item, RolloutItem):
+                entry[1].append(item.key)
+        collect_only = bool(config.option.collectonly)
+        try:
+            self.session.register(
+                [(task, task.keys(), keys) for task, keys in tasks.values()], collect_only=collect_only
+            )
+            deselect: set[tuple[str, tuple[int, str, int]]] = set()
+            serial = not hasattr(config, "workerinput")
+            if serial and self.settings.resume and not collect_only:
+                failed = self.session.rescore_reused()
+                if not self.settings.report_reused:
+                    for name, run in self.session.runs.items():
+                        keep = set(failed.get(name, ()))
+                        deselect.update((name, key) for key in run.decisions.reuse if key not in keep)
+        except EvalReplayError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        if deselect:
+            gone = [i for i in items if isinstance(i, RolloutItem) and (i.task.name, i.key) in deselect]
+            config.hook.pytest_deselected(items=gone)
+            gone_ids = {id(i) for i in gone}
+            items[:] = [i for i in items if id(i) not in gone_ids]
+        # Each gate runs after its task's last item, whatever order others left.
+        gates = [i for i in items if isinstance(i, GateItem)]
+        if gates:
+            rest = [i for i in items if not isinstance(i, GateItem)]
+            last: dict[str, int] = {}
+            for n, item in enumerate(rest):
+                if isinstance(item, RolloutItem):
+                    last[item.task.name] = n
+            ordered: list[pytest.Item] = []
+            pending = {g.task.name: g for g in gates}
+            for n, item in enumerate(rest):
+                ordered.append(item)
+                if isinstance(item, RolloutItem) and last.get(item.task.name) == n:
+                    gate = pending.pop(item.task.name, None)
+                    if gate is not None:
+                        ordered.append(gate)
+            ordered.extend(pending.values())
+            items[:] = ordered
+
+    def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str] | None:
+        if not self.active or not self.session.runs:
+            return None
+        from pytest_evalreplay.report import plural
+
+        runs = self.session.runs.values()
+        run = sum(len(r.decisions.run) for r in runs)
+        reused = sum(len(r.decisions.reuse) for r in runs)
+        failed = sum(len(r.decisions.failed) for r in runs)
+        parts = [plural(len(self.session.runs), "task"), f"{run:,} to run"]
+        if reused:
+            how = "reported skipped" if self.settings.report_reused or hasattr(config, "workerinput") else "deselected"
+            parts.append(f"{reused:,} reused from the journal ({how})")
+        if failed:
+            parts.append(f"{failed:,} failed for good before")
+        return ["evalreplay: " + ", ".join(parts)]
+
+    # -- reports and the end -----------------------------------------------------
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if any(k == "evalreplay.gate" for k, _ in report.user_properties):
+            self.summary.add_report(report)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.active:
+            return
+        ev = self.session
+        try:
+            ev.finish()
+        except EvalReplayError as exc:
+            ev.notes.append(f"run dir not written: {exc}")
+        for name, doc in ev.docs.items():
+            self.summary.add_doc(name, doc.seen, doc.doc, doc_extra(doc))
+        if ev._output is not None:
+            self.summary.run_dir = str(ev._output)
+        for note in ev.notes:
+            self.summary.add_note(note)
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:  # a pytest-xdist worker: the controller prints the summary
+            workeroutput["evalreplay"] = {
+                "docs": {n: [d.seen, d.doc, doc_extra(d)] for n, d in ev.docs.items()},
+                "notes": list(ev.notes),
+                "run_dir": self.summary.run_dir,
+            }
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self._summary is None:
+            return
+        self.summary.terminal(terminalreporter)
+        if self.settings.report is not None:
+            try:
+                self.summary.write_markdown(self.settings.report)
+            except EvalReplayError as exc:
+                terminalreporter.write_line(f"evalreplay: report not written: {exc}")
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._session is not None:
+            self._session.close()
+
+
+def doc_extra(doc: Any) -> dict[str, int]:
+    return {
+        "changed_request": doc.changed_request,
+        "changed_provider": doc.changed_provider,
+        "failed_before": doc.failed_before,
+    }
+
+
+def output_dir(config: pytest.Config, settings: options.Settings) -> Path:
     if settings.output is not None:
         return settings.output
     cache = getattr(config, "cache", None)
@@ -36,94 +294,11 @@ def _output_dir(config: pytest.Config, settings: options.Settings) -> Path:
     return Path(cache.mkdir("evalreplay"))
 
 
-def _make_provider(config: pytest.Config, settings: options.Settings, kind: str) -> Provider:
-    made = config.hook.pytest_evalreplay_make_provider(config=config, kind=kind)
-    return made if made is not None else providers.make_builtin(kind, settings)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "evalreplay: an item of an LLM evaluation (pytest-evalreplay)")
-    settings = options.resolve(config)
-    tr = config.pluginmanager.get_plugin("terminalreporter")
-    workerinput = getattr(config, "workerinput", {})
-    session = EvalSession(
-        settings=settings,
-        output=lambda: _output_dir(config, settings),
-        run_id=workerinput.get("evalreplay_run_id"),
-        make_provider=lambda kind: _make_provider(config, settings, kind),
-        notify=(lambda line: tr.write_line(line)) if tr is not None else (lambda line: None),
-        progress=progress_printer(config, settings.quiet),
-    )
-    config.stash[SESSION_KEY] = session
-    config.pluginmanager.register(EvalReplayPlugin(session), "evalreplay-session")
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    """pytest-xdist: every worker of one run shares the controller's run id."""
-    node.workerinput["evalreplay_run_id"] = node.config.stash[SESSION_KEY].run_id
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """pytest-xdist: schedule each task's items to one worker (see distributed.py)."""
-    from pytest_evalreplay.distributed import make_scheduler
-
-    return make_scheduler(config, log)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
-    if isinstance(obj, EvalTask):
-        return TaskCollector.from_parent(collector, name=obj.name, task=obj)
-    return None
-
-
-class EvalReplayPlugin:
-    """The hooks that need the session's state, registered per pytest session."""
-
-    def __init__(self, session: EvalSession) -> None:
-        self.session = session
-        self.summary = Summary()
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        try:
-            if not session.config.option.collectonly:
-                self.session.prepare_provider(session.items)
-            self.session.register(session.items)
-        except EvalReplayError as exc:
-            raise pytest.UsageError(str(exc)) from None
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.summary.add(report)
-
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        try:
-            self.session.finish()
-        except EvalReplayError as exc:
-            self.session.notes.append(f"run dir not written: {exc}")
-        workeroutput = getattr(session.config, "workeroutput", None)
-        if workeroutput is not None:  # a pytest-xdist worker: notes go to the controller
-            workeroutput["evalreplay_notes"] = list(self.session.notes)
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node: Any, error: object) -> None:
-        """pytest-xdist controller: gather the workers' notes for the summary."""
-        for note in getattr(node, "workeroutput", {}).get("evalreplay_notes", []):
-            if note not in self.session.notes:
-                self.session.notes.append(note)
-
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        self.summary.terminal(terminalreporter, self.session.notes)
-        if self.session.settings.report is not None:
-            self.summary.write_markdown(self.session.settings.report, self.session.notes)
-
-
 @pytest.fixture(scope="session")
-def replay_provider(pytestconfig: pytest.Config) -> Provider:
+def replay_provider(pytestconfig: pytest.Config) -> Any:
     """The replay provider over --evalreplay-predictions, for hand-written tests."""
+    plugin = pytestconfig.pluginmanager.get_plugin(_PLUGIN_NAME)
     try:
-        return pytestconfig.stash[SESSION_KEY].replay_provider()
+        return plugin.session.replay_provider()
     except EvalReplayError as exc:
         raise pytest.UsageError(str(exc)) from None

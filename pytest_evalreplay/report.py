@@ -1,136 +1,221 @@
-"""Reporting: the terminal summary, the Markdown report and progress lines.
+"""Reporting: the terminal summary, the Markdown report and live progress.
 
-The summary is built from test reports alone (their `user_properties`), so it
-reads the same in one process and on the pytest-xdist controller.
+The summary prints each task's `TaskDoc` (its metrics.json, computed once by
+`metrics.task_outcome`; on the pytest-xdist controller, shipped from the
+workers), so the terminal, the Markdown report, metrics.json and the gates
+show the same numbers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_evalreplay.model import RolloutResult, aggregate
+from pytest_evalreplay.files import atomic_write
+
+PROGRESS_INTERVAL = 15.0  # seconds between progress lines in a non-terminal log
+TTY_INTERVAL = 0.25
 
 
-@dataclass
-class TaskTally:
-    instances: set[str] = field(default_factory=set)
-    passed: int = 0
-    failed: int = 0
-    reused: int = 0
-    results: list[RolloutResult] = field(default_factory=list)
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
-    @property
-    def items(self) -> int:
-        return self.passed + self.failed + self.reused
 
-    @property
-    def metrics(self) -> dict[str, float]:
-        return aggregate(self.results)[0]
+def _metric_text(doc: Mapping[str, Any]) -> str:
+    metrics: Mapping[str, float] = doc.get("metrics") or {}
+    cis: Mapping[str, Sequence[float]] = doc.get("ci95") or {}
+    parts = []
+    for name, value in metrics.items():
+        ci = cis.get(name)
+        parts.append(f"{name}={value:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else ""))
+    return ", ".join(parts) or "no scores"
+
+
+def _tokens_text(doc: Mapping[str, Any]) -> str | None:
+    tokens = (doc.get("session") or {}).get("tokens") or {}
+    parts = []
+    for kind in ("generated", "reused"):
+        t = tokens.get(kind) or {}
+        if t.get("prompt") or t.get("completion"):
+            parts.append(f"{t.get('prompt', 0):,} prompt + {t.get('completion', 0):,} completion {kind}")
+    return "tokens: " + "; ".join(parts) if parts else None
+
+
+def task_line(doc: Mapping[str, Any], extra: Mapping[str, int] | None = None) -> str:
+    """One task's summary line (plurals right, nothing that is not there)."""
+    items, failed, missing = doc.get("num_items", 0), doc.get("num_failed", 0), doc.get("num_missing", 0)
+    counts = [plural(doc.get("num_instances", 0), "instance"), plural(items, "item"), f"{failed:,} failed"]
+    if missing:
+        counts.append(f"{missing:,} missing")
+    session = doc.get("session") or {}
+    done = [f"{session.get('generated', 0):,} generated", f"{session.get('reused', 0):,} reused"]
+    extra = extra or {}
+    if extra.get("changed_request"):
+        done.append(f"{extra['changed_request']:,} regenerated (request changed)")
+    if extra.get("changed_provider"):
+        done.append(f"{extra['changed_provider']:,} regenerated (provider changed)")
+    line = f"{doc['task']}: {', '.join(counts)} | {', '.join(done)} | {_metric_text(doc)}"
+    tokens = _tokens_text(doc)
+    return line + (f" | {tokens}" if tokens else "")
 
 
 @dataclass
 class Summary:
-    tasks: dict[str, TaskTally] = field(default_factory=dict)
-    gates: dict[str, tuple[bool, str]] = field(default_factory=dict)  # task -> (passed, verdict)
+    """What the summary and the report show, gathered as the session goes."""
 
-    def add(self, report: pytest.TestReport) -> None:
+    docs: dict[str, tuple[int, dict[str, Any], dict[str, int]]] = field(default_factory=dict)
+    gates: dict[str, tuple[bool, str]] = field(default_factory=dict)  # task -> (passed, verdict)
+    notes: list[str] = field(default_factory=list)
+    run_dir: str | None = None
+
+    def add_doc(self, task: str, seen: int, doc: dict[str, Any], extra: dict[str, int]) -> None:
+        """Keep the fullest view of a task (xdist workers each send theirs)."""
+        known = self.docs.get(task)
+        if known is None or seen >= known[0]:
+            self.docs[task] = (seen, doc, extra)
+
+    def add_note(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
+
+    def add_report(self, report: pytest.TestReport) -> None:
         props: Mapping[str, Any] = dict(report.user_properties)
         gated = props.get("evalreplay.gate")
-        if gated is not None:
-            if report.when == "call" or report.failed:
-                text = props.get("gate.summary") or f"FAIL {report.longreprtext.strip()}"
-                self.gates[str(gated)] = (report.passed, str(text))
+        if gated is None or not (report.when == "call" or report.failed):
             return
-        task = props.get("evalreplay.task")
-        if task is None:
-            return
-        reused = bool(props.get("evalreplay.reused")) and report.when == "setup" and report.skipped
-        if report.when != "call" and not report.failed and not reused:
-            return
-        tally = self.tasks.setdefault(str(task), TaskTally())
-        tally.instances.add(str(props["evalreplay.instance"]))
-        if report.failed:
-            tally.failed += 1
-            return
-        if reused:
-            tally.reused += 1
-        else:
-            tally.passed += 1
-        scores = {k.removeprefix("score."): float(v) for k, v in props.items() if k.startswith("score.")}
-        tally.results.append(
-            RolloutResult(
-                task=str(task),
-                stage=int(props["evalreplay.stage"]),
-                instance_id=str(props["evalreplay.instance"]),
-                rollout=int(props["evalreplay.rollout"]),
-                scores=scores,
-            )
-        )
+        text = props.get("gate.summary") or f"FAIL {report.longreprtext.strip()}"
+        self.gates[str(gated)] = (report.passed, str(text))
 
-    def rows(self) -> list[tuple[str, int, int, int, int, str]]:
-        out = []
-        for name, t in sorted(self.tasks.items()):
-            metrics = ", ".join(f"{k}={v:.4f}" for k, v in t.metrics.items()) or "-"
-            out.append((name, len(t.instances), t.items, t.failed, t.reused, metrics))
+    def lines(self) -> list[str]:
+        out = [f"run dir: {self.run_dir}"] if self.run_dir and self.docs else []
+        out += [task_line(doc, extra) for _, (_, doc, extra) in sorted(self.docs.items())]
+        out += [f"gate {name}: {verdict}" for name, (_, verdict) in sorted(self.gates.items())]
+        out += [f"note: {note}" for note in self.notes]
         return out
 
-    def terminal(self, tr: pytest.TerminalReporter, notes: list[str]) -> None:
-        if not self.tasks and not self.gates and not notes:
+    def terminal(self, tr: pytest.TerminalReporter) -> None:
+        lines = self.lines()
+        if not lines:
             return
         tr.write_sep("=", "evalreplay summary")
-        for name, instances, items, failed, reused, metrics in self.rows():
-            tr.write_line(
-                f"{name}: {instances} instances, {items} items, {failed} failed, {reused} reused | {metrics}"
-            )
-        for name, (_, verdict) in sorted(self.gates.items()):
-            tr.write_line(f"gate {name}: {verdict}")
-        for note in notes:
-            tr.write_line(f"note: {note}")
+        for line in lines:
+            tr.write_line(line)
 
-    def markdown(self, notes: list[str]) -> str:
-        lines = [
-            "# evalreplay summary",
-            "",
-            "| task | instances | items | failed | reused | metrics |",
-            "|---|---:|---:|---:|---:|---|",
+    def markdown(self) -> str:
+        lines = ["# evalreplay summary", ""]
+        if self.run_dir:
+            lines += [f"Run dir: `{self.run_dir}`", ""]
+        lines += [
+            "| task | items | failed | missing | generated | reused | metrics |",
+            "|---|---:|---:|---:|---:|---:|---|",
         ]
-        lines += [f"| {n} | {i} | {it} | {f} | {r} | {m} |" for n, i, it, f, r, m in self.rows()]
+        for _, (_, d, _) in sorted(self.docs.items()):
+            lines.append(
+                f"| {d['task']} | {d.get('num_items', 0)} | {d.get('num_failed', 0)} | {d.get('num_missing', 0)} "
+                f"| {d.get('session', {}).get('generated', 0)} | {d.get('session', {}).get('reused', 0)} "
+                f"| {_metric_text(d)} |"
+            )
         if self.gates:
             lines += ["", "| gate | verdict | details |", "|---|---|---|"]
             for name, (passed, verdict) in sorted(self.gates.items()):
-                details = verdict.split(" ", 1)[1].replace("\n", "<br>") if " " in verdict else verdict
+                details = verdict.split(" ", 1)[1] if " " in verdict else verdict
+                details = details.replace("|", "\\|").replace("\n", "<br>")
                 lines.append(f"| {name} | {'pass' if passed else '**FAIL**'} | {details} |")
-        if notes:
-            lines += ["", *[f"- {note}" for note in notes]]
+        if self.notes:
+            lines += ["", *[f"- {note}" for note in self.notes]]
         return "\n".join(lines) + "\n"
 
-    def write_markdown(self, path: Path, notes: list[str]) -> None:
+    def write_markdown(self, path: Path) -> None:
+        from pytest_evalreplay.model import EvalReplayError
+
+        if path.is_dir():
+            raise EvalReplayError(f"--evalreplay-report {path} is a directory; name a file such as report.md")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.markdown(notes), encoding="utf-8")
+        atomic_write(path, self.markdown().encode())
 
 
-def progress_printer(config: pytest.Config, quiet: bool) -> Callable[[str, int, int, int, float], None]:
-    """A per-batch progress line: requests done / total and tokens per second.
+class TerminalProgress:
+    """Live generation progress, per task: requests done / total, samples,
+    failures, tokens per second, elapsed and ETA. On a terminal one line that
+    updates in place; in a log, a line every `interval` seconds; nothing under
+    -q. Written with capture suspended, as pytest's live logging does."""
 
-    Batches run inside an item, where output is captured: the line is written
-    with capture suspended, as pytest's own live logging does."""
-    tr = config.pluginmanager.get_plugin("terminalreporter")
-    capman = config.pluginmanager.get_plugin("capturemanager")
+    def __init__(self, config: pytest.Config, quiet: bool, replay: bool, interval: float) -> None:
+        self.tr = config.pluginmanager.get_plugin("terminalreporter")
+        self.capman = config.pluginmanager.get_plugin("capturemanager")
+        self.enabled = self.tr is not None and not quiet and not replay
+        self.tty = bool(self.tr is not None and getattr(self.tr, "isatty", False))
+        self.interval = TTY_INTERVAL if self.tty else interval
+        self._state: dict[str, tuple[float, float, int, int]] = {}  # task -> (start, last shown, req, samples)
 
-    def show(task: str, done: int, total: int, tokens: int, seconds: float) -> None:
-        if tr is None or quiet:
+    def start(self, task: str, requests: int, samples: int) -> None:
+        now = time.monotonic()
+        self._state[task] = (now, now, requests, samples)
+
+    def update(self, task: str, requests: int, samples: int, failures: int, tokens: int) -> None:
+        if not self.enabled or task not in self._state:
             return
-        rate = f", {tokens / seconds:,.0f} tok/s" if tokens and seconds > 0 else ""
-        line = f"evalreplay: {task}: {done}/{total} requests generated in {seconds:.1f}s{rate}"
-        if capman is None:
-            tr.write_line(line)
+        start, last, total, total_samples = self._state[task]
+        now = time.monotonic()
+        if now - last < self.interval:
             return
-        with capman.global_and_fixture_disabled():
-            tr.write_line(line)
+        self._state[task] = (start, now, total, total_samples)
+        self._show(self._line(task, now - start, requests, total, samples, total_samples, failures, tokens), False)
 
-    return show
+    def end(self, task: str) -> None:
+        state = self._state.pop(task, None)
+        if self.enabled and self.tty and state is not None:
+            self._show("", True)
+
+    @staticmethod
+    def _line(
+        task: str, elapsed: float, done: int, total: int, samples: int, total_samples: int, failures: int, tokens: int
+    ) -> str:
+        rate = f", {tokens / elapsed:,.0f} tok/s" if tokens and elapsed > 0 else ""
+        eta = ""
+        if 0 < done < total and elapsed > 0:
+            eta = f", ETA {_clock(elapsed * (total - done) / done)}"
+        return (
+            f"evalreplay: {task}: {done:,}/{total:,} requests ({samples:,}/{total_samples:,} samples), "
+            f"{failures:,} failed{rate}, {_clock(elapsed)} elapsed{eta}"
+        )
+
+    def _show(self, line: str, final: bool) -> None:
+        assert self.tr is not None
+
+        def write() -> None:
+            if self.tty:
+                if final:
+                    self.tr.write("\n")
+                else:
+                    self.tr.rewrite(line, erase=True)
+            else:
+                self.tr.write_line(line)
+
+        if self.capman is None:
+            write()
+            return
+        with self.capman.global_and_fixture_disabled():
+            write()
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def github_step_summary(markdown: str) -> Path | None:
+    """Append the report to $GITHUB_STEP_SUMMARY when GitHub Actions sets it."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return None
+    path = Path(target)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(markdown)
+    return path

@@ -1,26 +1,36 @@
-"""The run dir writer: manifest, requests, predictions and metrics per task.
+"""The run dir: its layout, the files written from the journal, the manifest,
+and the lock that gives one session at a time the output dir.
 
-Rows are appended as batches finish (a crash loses nothing already
-generated); when a task's run ends, its files are rewritten from the journal
-in canonical order (instance order, then stage), atomically, so a resumed run
-leaves the same files as an uninterrupted one. The layout is the contract's;
-`formats.native` reads it back.
+Per task, `<task>-requests.jsonl`, `<task>-predictions.jsonl` and
+`<task>-metrics.json` are written from the task's journal and its
+`TaskOutcome` (never from a second log), in canonical order (instance order,
+then stage), each atomically (`files.atomic_write`). So a resumed run leaves
+the same files as an uninterrupted one, and a generation whose scorer failed
+is still saved (a later run or a replay can score it). The layout is the
+contract's; `formats.native` reads it back.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import os
+import socket
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
-from pytest_evalreplay.journal import JournalState
-from pytest_evalreplay.model import EvalReplayError, RolloutResult, aggregate
+from pytest_evalreplay.files import atomic_write, os_error
+from pytest_evalreplay.journal import JournalIndex, RequestKey
+from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome
+from pytest_evalreplay.model import EvalReplayError
 
 FORMAT = "evalreplay/1"
+SESSION_LOCK = ".evalreplay-session.lock"
+SESSION_HOLDER = ".evalreplay-session.json"
 
 
 def task_files(directory: Path, task: str) -> dict[str, Path]:
@@ -31,136 +41,215 @@ def task_files(directory: Path, task: str) -> dict[str, Path]:
     }
 
 
-def _lock(directory: Path) -> FileLock:
-    return FileLock(str(directory / ".rundir.lock"))
-
-
 def _jsonl(rows: Iterable[Mapping[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+def request_row(
+    instance_id: str, stage: int, content: Mapping[str, Any], num_samples: int
+) -> dict[str, Any]:
+    """The contract's requests row, from a journaled request's content."""
+    row: dict[str, Any] = {
+        "instance_id": instance_id,
+        "request_type": content.get("request_type", "generate"),
+        "context": content.get("context"),
+        "system_prompt": content.get("system_prompt"),
+        "num_samples": num_samples,
+        "sampling": content.get("sampling", {}),
+    }
+    for extra in ("images", "tools"):
+        if content.get(extra):
+            row[extra] = content[extra]
+    if stage != 1:
+        row["stage"] = stage
+    return row
 
 
 def prediction_row(
     instance_id: str,
     stage: int,
-    results: Sequence[RolloutResult],
+    items: Sequence[ItemOutcome],
+    generations: Sequence[dict[str, Any]],
     num_samples: int,
     model: str | None,
 ) -> dict[str, Any]:
-    """One instance's row: its successful rollouts' generations in rollout
-    order, and its scores (the mean over rollouts, plus each sample's own)."""
-    ordered = sorted((r for r in results if r.ok and r.generation is not None), key=lambda r: r.rollout)
-    _, scores = aggregate(ordered)
+    """One instance's row: every saved generation in rollout order (a sample
+    whose scorer failed included, with null scores), and the mean scores."""
+    sums: dict[str, list[float]] = {}
+    sample_scores: list[dict[str, float] | None] = []
+    for item in items:
+        if item.status == "ok" and item.scores is not None:
+            sample_scores.append(dict(item.scores))
+            for name, value in item.scores.items():
+                sums.setdefault(name, []).append(value)
+        else:
+            sample_scores.append(None)
     row: dict[str, Any] = {
         "instance_id": instance_id,
         "model": model,
-        "generations": [r.generation.to_row() for r in ordered if r.generation is not None],
-        "scores": scores.get(instance_id, {}),
-        "sample_scores": [dict(r.scores) for r in ordered],
+        "generations": list(generations),
+        "scores": {n: sum(v) / len(v) for n, v in sums.items()},
+        "sample_scores": sample_scores,
     }
     if stage != 1:
         row["stage"] = stage
-    rollouts = [r.rollout for r in ordered]
+    rollouts = [item.key[2] for item in items]
     if rollouts != list(range(num_samples)):
         row["rollouts"] = rollouts
     return row
 
 
-def append(
+def write_task(
     directory: Path,
-    task: str,
-    requests: Sequence[Mapping[str, Any]],
-    predictions: Sequence[Mapping[str, Any]],
-) -> None:
-    """Append a finished batch's rows (the crash-safe log; `finalize` tidies)."""
-    files = task_files(directory, task)
-    with _lock(directory):
-        for kind, rows in (("requests", requests), ("predictions", predictions)):
-            blob = _jsonl(rows)
-            if blob:
-                with files[kind].open("ab") as fh:
-                    fh.write(blob)
-
-
-def clear_task(directory: Path, task: str) -> None:
-    """Drop a task's files when its journal starts fresh, so rows appended by
-    an earlier run never mix with this run's."""
-    with _lock(directory):
-        for path in task_files(directory, task).values():
-            path.unlink(missing_ok=True)
-
-
-def metrics_doc(task: str, state: JournalState) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
-    """A task's `<task>-metrics.json` document from its journal, and each
-    instance's scores: what the run dir records and what gates judge."""
-    failed = state.final_failures()
-    metrics, scores = aggregate(list(state.done.values()))
-    doc: dict[str, Any] = {
-        "task": task,
-        "model": next((m for m in state.models.values() if m), None),
-        "metrics": metrics,
-        "num_instances": len({k[1] for k in state.done} | {k[1] for k in failed}),
-        "num_items": len(state.done) + len(failed),
-        "num_failed": len(failed),
-        "failed": sorted(f"{iid}[s{s}-r{r}]" for (s, iid, r) in failed),
-    }
-    return doc, scores
-
-
-def finalize(
-    directory: Path,
-    task: str,
-    state: JournalState,
+    outcome: TaskOutcome,
+    run: str,
+    index: JournalIndex,
     instance_order: Sequence[str],
     num_samples: int,
-) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
-    """Rewrite a task's files from its journal in canonical order; return the
-    metrics doc and each instance's scores (see `metrics_doc`)."""
-    order = {iid: i for i, iid in enumerate(instance_order)}
-    grouped: dict[tuple[int, str], list[RolloutResult]] = {}
-    for result in state.done.values():
-        grouped.setdefault((result.stage, result.instance_id), []).append(result)
-    keys = sorted(grouped, key=lambda k: (order.get(k[1], len(order)), k[1], k[0]))
-    doc, scores = metrics_doc(task, state)
-    requests = [state.requests[k] for k in keys if k in state.requests]
-    predictions = [prediction_row(k[1], k[0], grouped[k], num_samples, doc["model"]) for k in keys]
-    files = task_files(directory, task)
-    directory.mkdir(parents=True, exist_ok=True)
-    with _lock(directory):
-        _atomic_write(files["requests"], _jsonl(requests))
-        _atomic_write(files["predictions"], _jsonl(predictions))
-        _atomic_write(files["metrics"], orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    return doc, scores
-
-
-def write_manifest(
-    directory: Path, model: str | None, provider: Mapping[str, Any], tasks: Iterable[str]
 ) -> None:
-    """Merge this run's tasks into manifest.json (xdist workers each add theirs)."""
-    path = directory / "manifest.json"
-    directory.mkdir(parents=True, exist_ok=True)
-    with _lock(directory):
+    """Write a task's three files from its outcome and journal (the caller
+    holds the task lock). Only generations the outcome stands on are saved."""
+    order = {iid: i for i, iid in enumerate(instance_order)}
+    groups: dict[RequestKey, list[ItemOutcome]] = {}
+    for item in outcome.items:
+        if item.gen is not None and item.status != "missing":
+            groups.setdefault((item.key[0], item.key[1]), []).append(item)
+    keys = sorted(groups, key=lambda k: (order.get(k[1], len(order)), k[1], k[0]))
+    requests: list[dict[str, Any]] = []
+    predictions: list[dict[str, Any]] = []
+    contents: dict[str, dict[str, Any] | None] = {}
+    for stage, iid in keys:
+        items = sorted(groups[(stage, iid)], key=lambda i: i.key[2])
+        rq = items[0].gen.request  # type: ignore[union-attr]
+        if rq not in contents:
+            contents[rq] = index.request(rq)
+        content = contents[rq]
+        if content is not None:
+            requests.append(request_row(iid, stage, content, num_samples))
+        generations = [index.read_row(i.gen.offset, i.gen.length)["generation"] for i in items]  # type: ignore[union-attr]
+        predictions.append(prediction_row(iid, stage, items, generations, num_samples, outcome.model))
+    files = task_files(directory, outcome.task)
+    atomic_write(files["requests"], _jsonl(requests))
+    atomic_write(files["predictions"], _jsonl(predictions))
+    atomic_write(files["metrics"], orjson.dumps(outcome.to_doc(run), option=orjson.OPT_INDENT_2))
+
+
+def remove_task_files(directory: Path, task: str) -> None:
+    """A task's saved results were discarded: its run dir files go too."""
+    for path in task_files(directory, task).values():
         try:
-            doc = orjson.loads(path.read_bytes())
-        except (FileNotFoundError, orjson.JSONDecodeError):
-            doc = {}
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            doc = {}
-        known = doc.get("tasks") if isinstance(doc.get("tasks"), list) else []
-        merged = sorted(set(known) | set(tasks))
-        doc.update({"format": FORMAT, "model": model, "provider": dict(provider), "tasks": merged})
-        _atomic_write(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise os_error(path, exc, "remove") from None
 
 
-def check_output_dir(directory: Path) -> None:
-    """An output dir must be a directory we can write, or not exist yet."""
+def write_manifest(directory: Path, model: str | None, provider: Mapping[str, Any], tasks: Iterable[str]) -> None:
+    """Merge this run's tasks into manifest.json (the caller holds the session lock)."""
+    path = directory / "manifest.json"
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        doc = {}
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        doc = {}
+    known = doc.get("tasks") if isinstance(doc.get("tasks"), list) else []
+    merged = sorted({str(t) for t in known} | set(tasks))
+    doc.update({"format": FORMAT, "model": model, "provider": dict(provider), "tasks": merged})
+    atomic_write(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+
+
+def prepare_output_dir(directory: Path) -> None:
+    """An output dir is a directory we can write, created if missing."""
+    if directory.is_symlink() and not directory.is_dir():
+        raise EvalReplayError(f"--evalreplay-output {directory} is a dangling symlink; remove it")
     if directory.exists() and not directory.is_dir():
-        raise EvalReplayError(f"--evalreplay-output {directory} exists and is not a directory")
+        raise EvalReplayError(
+            f"--evalreplay-output {directory} exists and is not a directory; "
+            "pass a directory (ini evalreplay_output)"
+        )
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(directory, exc, "create the output dir") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise EvalReplayError(f"--evalreplay-output {directory}: not writable; check its permissions")
+
+
+def refuse_self_replay(predictions: Path, output: Path) -> None:
+    """Replaying a saved run never modifies it: its output dir must be elsewhere."""
+    try:
+        pred, out = predictions.resolve(), output.resolve()
+    except OSError:
+        return
+    if pred == out or out in pred.parents:
+        raise EvalReplayError(
+            f"--evalreplay-predictions {predictions} is inside the output dir {output}: replaying a run "
+            "into itself would overwrite what it replays. Pass --evalreplay-output=OTHER_DIR; or, to "
+            "rescore that run with the current scorers, run with --resume and the provider that made it"
+        )
+
+
+@dataclass
+class SessionLock:
+    """One pytest session at a time per output dir (xdist workers share their
+    controller's). Held for the whole session with an OS file lock, which the
+    OS releases if the process dies; who holds it is written beside it."""
+
+    directory: Path
+    run: str
+    _lock: FileLock | None = None
+
+    @property
+    def holder_path(self) -> Path:
+        return self.directory / SESSION_HOLDER
+
+    def acquire(self) -> None:
+        lock = FileLock(str(self.directory / SESSION_LOCK), timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise EvalReplayError(
+                f"the output dir {self.directory} is in use by another pytest session "
+                f"({self.describe_holder()}); wait for it to end, or pass "
+                "--evalreplay-output=OTHER_DIR (ini evalreplay_output)"
+            ) from None
+        except OSError as exc:
+            raise os_error(self.directory / SESSION_LOCK, exc, "lock") from None
+        self._lock = lock
+        holder = {
+            "run": self.run,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        atomic_write(self.holder_path, orjson.dumps(holder))
+
+    def describe_holder(self) -> str:
+        try:
+            doc = orjson.loads(self.holder_path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return "holder unknown"
+        if not isinstance(doc, dict):
+            return "holder unknown"
+        return f"pid {doc.get('pid')} on {doc.get('host')}, started {doc.get('started')}, run {doc.get('run')}"
+
+    def check_held_by_run(self) -> None:
+        """An xdist worker: the controller of this run must hold the lock."""
+        try:
+            doc = orjson.loads(self.holder_path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            doc = None
+        if not isinstance(doc, dict) or doc.get("run") != self.run:
+            raise EvalReplayError(
+                f"the output dir {self.directory} is not held by this run's controller "
+                f"({self.describe_holder()}); another session may be writing it"
+            )
+
+    def release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            try:
+                self.holder_path.unlink(missing_ok=True)
+            except OSError:
+                pass
+            lock.release()

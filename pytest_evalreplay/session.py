@@ -1,59 +1,92 @@
-"""The evaluation session: selected items per task, batched generation, the
-journal and the run dir, wired together for one pytest session.
+"""The evaluation session: what each task runs, reuses and reports, wired to
+the provider (`providers.ProviderHost`), the journal and run dir
+(`recorder.TaskRecorder`), and the one computation of numbers
+(`metrics.task_outcome`).
 
-`plugin.py` calls in here from its hooks; this module owns the state and the
-side effects (provider, files), and keeps pytest's objects at arm's length.
+`plugin.py` calls in here from its hooks; pytest's own objects stay there.
+The unit of generation is a chunk of a task's requests: the first item (or
+gate) of a run to need a chunk generates all of it under the chunk's lock,
+streaming results into the journal in groups; any other process of the run
+(pytest-xdist workers) waits for that lock and then reads the chunk's rows
+from the journal. Scoring happens where an item runs, so xdist spreads it.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_evalreplay import baseline, gates, journal, rundir
-from pytest_evalreplay.execution import AttemptFailure, RequestKey, run_requests
-from pytest_evalreplay.fingerprint import fingerprint
-from pytest_evalreplay.items import RolloutItem, TaskItem, mark_reused
-from pytest_evalreplay.journal import Failure, JournalState, JournalWriter, RolloutKey
-from pytest_evalreplay.model import EvalReplayError, Provider, Request, RolloutResult
+from pytest_evalreplay import gates, planning
+from pytest_evalreplay.execution import Done, Failed, RoundEnd, generate_events, score_generation
+from pytest_evalreplay.journal import JournalIndex, RequestKey, RolloutKey, digest
+from pytest_evalreplay.metrics import TaskOutcome, item_name, task_outcome
+from pytest_evalreplay.model import EvalReplayError, Generation, Provider, Request, RolloutResult
 from pytest_evalreplay.options import Settings
+from pytest_evalreplay.planning import Decisions, TaskPlan
+from pytest_evalreplay.providers import ProviderHost
+from pytest_evalreplay.recorder import TaskRecorder
+from pytest_evalreplay.rundir import SessionLock, prepare_output_dir, refuse_self_replay, write_manifest
 from pytest_evalreplay.task import EvalTask
 
-ProviderFactory = Callable[[str], Provider]
 Notify = Callable[[str], None]
+
+
+class ProgressSink:
+    """Where live generation progress goes (report.py implements it)."""
+
+    def start(self, task: str, requests: int, samples: int) -> None: ...
+
+    def update(self, task: str, requests: int, samples: int, failures: int, tokens: int) -> None: ...
+
+    def end(self, task: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """This process's place in a pytest-xdist run (None outside xdist)."""
+
+    index: int
+    count: int
 
 
 @dataclass
 class TaskRun:
-    """One task's part of the session: what runs, what is reused, what came back."""
+    """One task's part of the session."""
 
     task: EvalTask
-    config: dict[str, Any]
-    fingerprint: str
-    writer: JournalWriter
-    prior: JournalState = field(default_factory=JournalState)
-    selected: list[RolloutKey] = field(default_factory=list)
-    reused: dict[RolloutKey, RolloutResult] = field(default_factory=dict)
-    prior_final: dict[RolloutKey, Failure] = field(default_factory=dict)
-    prior_failed: dict[RolloutKey, Failure] = field(default_factory=dict)
-    results: dict[RolloutKey, RolloutResult] = field(default_factory=dict)
-    chunks: list[list[Request]] | None = None
+    plan: TaskPlan
+    recorder: TaskRecorder
+    selected: list[RolloutKey]
+    decisions: Decisions
+    instance_order: list[str]
+    chunks: list[list[RequestKey]] = field(default_factory=list)
     chunk_of: dict[RequestKey, int] = field(default_factory=dict)
+    rollouts_of: dict[RequestKey, tuple[int, ...]] = field(default_factory=dict)
+    results: dict[RolloutKey, RolloutResult] = field(default_factory=dict)  # computed here, not yet reported
+    resolved: set[RolloutKey] = field(default_factory=set)  # scored or failed by this process
+    touched: bool = False  # this process ran something of the task: it finalizes it
+    outcome: TaskOutcome | None = None
 
-    def requests(self) -> list[Request]:
-        """One request per (stage, instance) for its selected rollouts, in run order."""
-        wanted: dict[RequestKey, list[int]] = {}
-        for stage, iid, rollout in self.selected:
-            if (stage, iid, rollout) not in self.prior_failed:
-                wanted.setdefault((stage, iid), []).append(rollout)
-        return [
-            self.task.request(self.task.instance(iid), stage=stage, rollouts=tuple(sorted(rs)))
-            for (stage, iid), rs in wanted.items()
-        ]
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+
+@dataclass(frozen=True)
+class TaskDoc:
+    """A task's final numbers as shipped to the summary (and from xdist
+    workers to the controller): `doc` is its metrics.json, `seen` how much
+    journal the computation read (the fullest view wins)."""
+
+    doc: dict[str, Any]
+    instance_scores: dict[str, dict[str, float]]
+    seen: int
+    changed_request: int = 0
+    changed_provider: int = 0
+    failed_before: int = 0
 
 
 class EvalSession:
@@ -62,66 +95,74 @@ class EvalSession:
         settings: Settings,
         output: Callable[[], Path],
         run_id: str | None,
-        make_provider: ProviderFactory,
+        host: ProviderHost,
         notify: Notify,
-        progress: Callable[[str, int, int, int, float], None],
+        progress: ProgressSink,
+        worker: WorkerInfo | None = None,
+        snapshot: Mapping[str, int] | None = None,
     ) -> None:
         self.settings = settings
         self._output_factory = output
         self._output: Path | None = None
         self.run_id = run_id or uuid.uuid4().hex
-        self._make_provider = make_provider
-        self._provider: Provider | None = None
-        self._replay: Provider | None = None
+        self.host = host
         self.notify = notify
         self.progress = progress
+        self.worker = worker
+        self.snapshot = dict(snapshot or {})
         self.runs: dict[str, TaskRun] = {}
         self.notes: list[str] = []
+        self.docs: dict[str, TaskDoc] = {}
+        self._lock: SessionLock | None = None
+        self._replay: Provider | None = None
         self._baseline: dict[str, gates.BaselineTask] | None = None
+        self._pv: str | None = None
+        self._identity: dict[str, Any] | None = None
+
+    # -- the output dir ------------------------------------------------------
 
     @property
     def output(self) -> Path:
         """The run dir, resolved on first use so a session without evals writes nothing."""
         if self._output is None:
-            self._output = self._output_factory()
-            rundir.check_output_dir(self._output)
+            out = self._output_factory()
+            if self.settings.predictions is not None and self.settings.provider == "replay":
+                refuse_self_replay(self.settings.predictions, out)
+            prepare_output_dir(out)
+            self._output = out
         return self._output
 
-    # -- identity ----------------------------------------------------------
+    def hold_output(self) -> None:
+        """Take the output dir for this session (an xdist worker checks that its
+        controller holds it instead)."""
+        if self._lock is not None:
+            return
+        lock = SessionLock(self.output, self.run_id)
+        if self.worker is not None:
+            lock.check_held_by_run()
+        else:
+            lock.acquire()
+        self._lock = lock
 
-    def provider_config(self) -> dict[str, Any]:
-        """The provider's part of every task's fingerprint: its kind and model
-        (the built provider's own `model` where it has one, as a conftest
-        provider or a saved run does), plus what else picks the weights."""
-        s = self.settings
-        kind = s.provider
-        model = getattr(self._provider, "model", None) or s.model
-        ident: dict[str, Any] = {"kind": kind, "model": model}
-        if kind == "replay" and s.predictions is not None:
-            ident["predictions"] = str(s.predictions)
-        if kind == "vllm":
-            ident["engine_args"] = s.engine_args
-        return ident
+    def release_output(self) -> None:
+        if self._lock is not None and self.worker is None:
+            self._lock.release()
+        self._lock = None
+
+    # -- the provider --------------------------------------------------------
 
     @property
-    def provider(self) -> Provider:
-        if self._provider is None:
-            kind = self.settings.provider
-            if kind is None:
-                raise EvalReplayError(
-                    "no provider chosen: pass --evalreplay-provider=KIND (ini evalreplay_provider) "
-                    "or --evalreplay-predictions=PATH to rescore a saved run"
-                )
-            self._provider = self._make_provider(kind)
-        return self._provider
+    def provider_digest(self) -> str:
+        if self._pv is None:
+            self._identity = self.host.identity()
+            self._pv = digest(self._identity)
+        return self._pv
 
-    def prepare_provider(self, items: Sequence[Any]) -> None:
-        """Build the provider when eval items will run, before fingerprints are
-        taken: a bad provider setting (an unreadable predictions dir, vLLM not
-        installed) is then a usage error before the first item rather than a
-        failure of every item, and the provider's model joins the fingerprint."""
-        if any(isinstance(item, TaskItem) for item in items):
-            _ = self.provider
+    @property
+    def provider_identity(self) -> dict[str, Any]:
+        _ = self.provider_digest
+        assert self._identity is not None
+        return self._identity
 
     def replay_provider(self) -> Provider:
         """What the `replay_provider` fixture serves."""
@@ -131,232 +172,398 @@ class EvalSession:
                 "--evalreplay-predictions=PATH (or set the ini key evalreplay_predictions)"
             )
         if self.settings.provider == "replay":
-            return self.provider
+            return self.host.get()
         if self._replay is None:
-            self._replay = self._make_provider("replay")
+            from pytest_evalreplay.providers.replay import ReplayProvider
+
+            self._replay = ReplayProvider.from_path(self.settings.predictions)
         return self._replay
 
-    # -- collection --------------------------------------------------------
+    # -- collection ------------------------------------------------------------
 
-    def register(self, items: Sequence[Any]) -> None:
-        """Group the selected items by task; on --resume, mark what the journal holds."""
-        for item in items:
-            if not isinstance(item, TaskItem):
-                continue
-            run = self.runs.get(item.task.name) or self._new_run(item.task)
-            if run.task is not item.task:
-                raise EvalReplayError(
-                    f"two different tasks are named {item.task.name!r} ({item.nodeid}); "
-                    "task names must be unique in a session (they name run dir files)"
-                )
-            if not isinstance(item, RolloutItem):
-                continue  # a gate item: its task needs a run, nothing more
-            key = item.key
-            if key in run.prior.done:
-                run.reused[key] = run.prior.done[key]
-                mark_reused(item, run.prior.done[key])
-            else:
-                if key in run.prior_final:
-                    run.prior_failed[key] = run.prior_final[key]
-                run.selected.append(key)
-        for run in self.runs.values():
-            if self.settings.resume and run.reused:
-                self.notes.append(f"{run.task.name}: reused {len(run.reused)} item(s) from the journal")
-
-    def _new_run(self, task: EvalTask) -> TaskRun:
-        # Flat, so a change reads as "config changed: sampling.temperature".
-        config = {**task.config(), "provider": self.provider_config()}
-        fp = fingerprint(config)
-        writer = JournalWriter(self.output, task.name, fp, config, self.run_id, self.settings.resume)
-        run = TaskRun(task=task, config=config, fingerprint=fp, writer=writer)
-        if self.settings.resume:
-            state = journal.read(self.output, task.name)
-            reason = journal.staleness(state, fp, config)
-            if reason is None:
-                run.prior = state
-                run.prior_final = state.final_failures(self.settings.max_attempts)
-            elif state.header is not None:
-                message = f"evalreplay: {task.name}: starting fresh ({reason})"
-                self.notify(message)
-                self.notes.append(message.removeprefix("evalreplay: "))
-        self.runs[task.name] = run
-        return run
-
-    # -- running -----------------------------------------------------------
-
-    def result_for(self, item: RolloutItem) -> RolloutResult:
-        run = self.runs[item.task.name]
-        key = item.key
-        if key not in run.results:
-            if key in run.prior_failed:
-                failure = run.prior_failed[key]
-                return RolloutResult(
-                    task=run.task.name,
-                    stage=key[0],
-                    instance_id=key[1],
-                    rollout=key[2],
-                    error=f"failed for good in an earlier run (attempt {failure.attempts}, "
-                    f"{failure.failure_class}): {failure.message}; run without --resume, or raise "
-                    "--evalreplay-max-attempts, to try it again",
-                    failure_class=failure.failure_class,
-                )
-            self._generate_chunk(run, (key[0], key[1]))
-        return run.results[key]
-
-    def _generate_chunk(self, run: TaskRun, request_key: RequestKey) -> None:
-        if run.chunks is None:
-            requests = run.requests()
-            size = self.settings.batch_size or getattr(self.provider, "batch_size", None) or len(requests)
-            run.chunks = [requests[i : i + size] for i in range(0, len(requests), size)]
-            run.chunk_of = {(r.stage, r.instance_id): n for n, chunk in enumerate(run.chunks) for r in chunk}
-        if not run.writer.opened:
-            run.writer.open()
-            if run.writer.fresh:
-                rundir.clear_task(self.output, run.task.name)
-        index = run.chunk_of[request_key]
-        chunk = run.chunks[index]
-        failures: list[dict[str, Any]] = []
-
-        def flush_failures() -> None:
-            run.writer.write(failures=failures)
-            failures.clear()
-
-        def on_failure(f: AttemptFailure) -> None:
-            failures.append(
-                journal.failure_row(
-                    f.request.stage,
-                    f.request.instance_id,
-                    f.request.rollouts,
-                    f.attempt,
-                    f.failure_class,
-                    f.message,
-                    f.final,
-                    self.run_id,
-                )
-            )
-
-        started = time.perf_counter()
-        results = run_requests(
-            run.task,
-            self.provider,
-            chunk,
-            self.settings.max_attempts,
-            run.prior.attempts(),
-            on_failure,
-            flush_failures,
-        )
-        elapsed = time.perf_counter() - started
-        self._persist(run, chunk, results, failures)
-        for r in results:
-            run.results[(r.stage, r.instance_id, r.rollout)] = r
-        done = sum(len(c) for c in run.chunks[: index + 1])
-        tokens = sum(r.generation.completion_tokens or 0 for r in results if r.generation)
-        self.progress(run.task.name, done, sum(len(c) for c in run.chunks), tokens, elapsed)
-
-    def _persist(
-        self, run: TaskRun, chunk: list[Request], results: list[RolloutResult], failures: list[dict[str, Any]]
+    def register(
+        self,
+        tasks: Sequence[tuple[EvalTask, Sequence[RolloutKey], Sequence[RolloutKey]]],
+        collect_only: bool,
     ) -> None:
-        """Journal first (durable before any item reports), then the run dir log."""
-        model = getattr(self.provider, "model", None)
-        ok = [r for r in results if r.ok]
-        by_request: dict[RequestKey, list[RolloutResult]] = {}
-        for r in ok:
-            by_request.setdefault((r.stage, r.instance_id), []).append(r)
-        for r in results:
-            if r.failure_class == "scoring":
-                failures.append(
-                    journal.failure_row(
-                        r.stage,
-                        r.instance_id,
-                        [r.rollout],
-                        1,
-                        "scoring",
-                        r.error or "",
-                        True,
-                        self.run_id,
+        """Plan each task (its full key list, the requests rendered now) and
+        sort its selected keys into reuse, run and failed-before."""
+        if not tasks:
+            return
+        if not collect_only:
+            self.hold_output()
+        pv = self.provider_digest
+        for task, all_keys, selected in tasks:
+            plan = TaskPlan(task.name, tuple(all_keys), task.request_digests(), pv)
+            narrowed = len(selected) < len(all_keys)
+            reset = self.settings.reset or (not self.settings.resume and not narrowed)
+            recorder = TaskRecorder(
+                self._output_factory() if collect_only else self.output,
+                task.name,
+                self.run_id,
+                reset=reset,
+                limit=self.snapshot.get(task.name),
+            )
+            index: JournalIndex | None = None
+            if not reset:
+                index = recorder.read_snapshot()
+                if index.torn is not None:
+                    self.notes.append(
+                        f"{index.path}:{index.torn}: ignored a torn last line (a run died mid-write)"
                     )
-                )
-        request_rows = {(q.stage, q.instance_id): q.to_row() for q in chunk}
-        rows: list[dict[str, Any]] = []
-        for key, group in by_request.items():
-            rows.append(journal.request_row(key[0], key[1], request_rows[key]))
-            rows.extend(journal.done_row(r, model) for r in group)
-        run.writer.write(done=rows, failures=failures)
-        rundir.append(
-            self.output,
-            run.task.name,
-            [request_rows[k] for k in by_request],
-            [
-                rundir.prediction_row(k[1], k[0], g, run.task.num_samples, model)
-                for k, g in by_request.items()
-            ],
+                self.notes.extend(planning.foreign_rows(plan, index))
+            decisions = planning.decide(
+                plan, selected, index, self.settings.resume and not reset, self.settings.max_attempts
+            )
+            run = TaskRun(
+                task=task,
+                plan=plan,
+                recorder=recorder,
+                selected=list(selected),
+                decisions=decisions,
+                instance_order=[inst["id"] for inst in task.instances],
+            )
+            self._chunk(run)
+            self.runs[task.name] = run
+
+    def _chunk(self, run: TaskRun) -> None:
+        size = self.settings.batch_size
+        if size is None and self.host.built:
+            size = getattr(self.host.get(), "batch_size", None)
+        run.chunks = planning.chunks(run.decisions.run, size)
+        run.chunk_of = {rk: n for n, chunk in enumerate(run.chunks) for rk in chunk}
+        wanted: dict[RequestKey, list[int]] = {}
+        for stage, iid, rollout in run.decisions.run:
+            wanted.setdefault((stage, iid), []).append(rollout)
+        run.rollouts_of = {rk: tuple(sorted(rs)) for rk, rs in wanted.items()}
+
+    def needs_provider(self) -> bool:
+        return any(run.decisions.run for run in self.runs.values())
+
+    def prepare_provider(self) -> None:
+        """Build the provider now when something will be generated: a bad
+        setting is then one usage error before the first item, not a failure
+        of every item; a fully reused session builds nothing."""
+        if self.needs_provider():
+            self.host.get()
+            if self.settings.batch_size is None:
+                for run in self.runs.values():
+                    self._chunk(run)
+
+    def rescore_reused(self) -> dict[str, list[RolloutKey]]:
+        """Score every reused rollout again with the current scorer (serial
+        runs, at collection); return per task the keys whose rescoring failed
+        (those stay selected, to report their failure)."""
+        failed: dict[str, list[RolloutKey]] = {}
+        for run in self.runs.values():
+            if not run.decisions.reuse:
+                continue
+            for key in run.decisions.reuse:
+                result = self._score_reused(run, key)
+                if not result.ok:
+                    failed.setdefault(run.name, []).append(key)
+            run.recorder.flush()
+            run.touched = True
+        return failed
+
+    # -- running ---------------------------------------------------------------
+
+    def result_for(self, task: str, key: RolloutKey) -> RolloutResult:
+        """An item's result: reused and rescored, failed before, or generated
+        (its chunk, by whichever process of the run gets there first) and scored."""
+        run = self.runs[task]
+        run.touched = True
+        result = run.results.pop(key, None)
+        if result is not None:
+            return result
+        if key in run.decisions.reuse:
+            return self._score_reused(run, key)
+        if key in run.decisions.failed:
+            return self._failed_before(run, key)
+        return self._score_run(run, key)
+
+    def is_reused(self, task: str, key: RolloutKey) -> bool:
+        return key in self.runs[task].decisions.reuse
+
+    def _failed_before(self, run: TaskRun, key: RolloutKey) -> RolloutResult:
+        failure = run.decisions.failed[key].failure
+        if failure.failure_class == "retryable":
+            again = "raise --evalreplay-max-attempts, or run without --resume"
+        else:
+            again = "run without --resume (or with --evalreplay-reset) to try it again"
+        run.resolved.add(key)
+        return RolloutResult(
+            task=run.name,
+            stage=key[0],
+            instance_id=key[1],
+            rollout=key[2],
+            error=f"failed for good in an earlier run (attempt {failure.attempt}, {failure.failure_class}): "
+            f"{failure.message}; {again}",
+            failure_class=failure.failure_class,
         )
 
-    # -- gates -------------------------------------------------------------
+    def _score(self, run: TaskRun, key: RolloutKey, raw: Generation, of: str) -> RolloutResult:
+        task = run.task
+        generation = task.postprocess(raw)
+        scores, error = score_generation(task, task.instance(key[1]), generation)
+        run.recorder.add(run.recorder.score(key, of, scores, error))
+        run.resolved.add(key)
+        return RolloutResult(
+            task=run.name,
+            stage=key[0],
+            instance_id=key[1],
+            rollout=key[2],
+            generation=generation,
+            scores=scores or {},
+            error=error,
+            failure_class="scoring" if error else None,
+        )
+
+    def _score_reused(self, run: TaskRun, key: RolloutKey) -> RolloutResult:
+        gen = run.decisions.reuse[key]
+        return self._score(run, key, run.recorder.index.generation(gen), gen.run)
+
+    def _score_run(self, run: TaskRun, key: RolloutKey) -> RolloutResult:
+        rq = run.plan.request_of(key)
+        index = run.recorder.index
+        gen = self._own_gen(index, key, rq)
+        if gen is None and self._own_failure(run, key) is None:
+            self._generate_chunk(run, run.chunk_of[(key[0], key[1])])
+            index = run.recorder.index
+            gen = self._own_gen(index, key, rq)
+        if gen is None:
+            fail = self._own_failure(run, key)
+            run.resolved.add(key)
+            message = fail.failure.message if fail else "no result was recorded for this rollout"
+            cls = fail.failure.failure_class if fail else "retryable"
+            return RolloutResult(
+                task=run.name, stage=key[0], instance_id=key[1], rollout=key[2], error=message, failure_class=cls
+            )
+        return self._score(run, key, index.generation(gen), gen.run)
+
+    def _own_gen(self, index: JournalIndex, key: RolloutKey, rq: str) -> Any:
+        """This run's generation of `key` (not an earlier run's: a run without
+        --resume regenerates what it selected)."""
+        gen = index.latest_gen(key, rq, self.provider_digest)
+        return gen if gen is not None and gen.run == self.run_id else None
+
+    def _own_failure(self, run: TaskRun, key: RolloutKey) -> Any:
+        fail = run.recorder.index.latest_fail(key, run.plan.request_of(key), self.provider_digest)
+        if fail is None or fail.run != self.run_id:
+            return None
+        gen = run.recorder.index.latest_gen(key, run.plan.request_of(key), self.provider_digest)
+        if gen is not None and gen.seq > fail.seq:
+            return None
+        return fail if planning.is_final(fail.failure, self.settings.max_attempts) else None
+
+    def _unresolved(self, run: TaskRun, chunk: Iterable[RequestKey]) -> dict[RequestKey, tuple[int, ...]]:
+        """The rollouts of a chunk this run has neither generated nor failed for good."""
+        out: dict[RequestKey, tuple[int, ...]] = {}
+        index = run.recorder.index
+        for rk in chunk:
+            missing = tuple(
+                r
+                for r in run.rollouts_of[rk]
+                if self._own_gen(index, (*rk, r), run.plan.requests[rk]) is None
+                and self._own_failure(run, (*rk, r)) is None
+            )
+            if missing:
+                out[rk] = missing
+        return out
+
+    def _prior_attempts(self, run: TaskRun, todo: Mapping[RequestKey, tuple[int, ...]]) -> dict[RequestKey, int]:
+        """Attempts already made at each request (this run's; with --resume, earlier runs' too)."""
+        out: dict[RequestKey, int] = {}
+        index = run.recorder.index
+        for rk, rollouts in todo.items():
+            n = 0
+            for r in rollouts:
+                fail = index.latest_fail((*rk, r), run.plan.requests[rk], self.provider_digest)
+                if fail is not None and (fail.run == self.run_id or self.settings.resume):
+                    n = max(n, fail.failure.attempt)
+            if n:
+                out[rk] = n
+        return out
+
+    def _generate_chunk(self, run: TaskRun, number: int) -> None:
+        recorder = run.recorder
+        with recorder.chunk_locked(number):
+            recorder.flush()  # commit our own rows and read what peers wrote
+            todo = self._unresolved(run, run.chunks[number])
+            if not todo:
+                return
+            task = run.task
+            requests = [
+                task.request(task.instance(iid), stage=stage, rollouts=rollouts)
+                for (stage, iid), rollouts in todo.items()
+            ]
+            self._stream_into_journal(run, requests, self._prior_attempts(run, todo))
+
+    def _stream_into_journal(
+        self, run: TaskRun, requests: list[Request], prior: Mapping[RequestKey, int]
+    ) -> None:
+        recorder = run.recorder
+        pv = self.provider_digest
+        provider = self.host.get()
+        recorder.add(recorder.provider_rows(pv, self.provider_identity))
+        samples = sum(len(r.rollouts) for r in requests)
+        self.progress.start(run.name, len(requests), samples)
+        done_requests = done_samples = failures = tokens = 0
+        try:
+            events = generate_events(
+                provider, requests, self.settings.max_attempts, prior, self.settings.timeout
+            )
+            for event in events:
+                if isinstance(event, Done):
+                    req = event.request
+                    rq = run.plan.requests[(req.stage, req.instance_id)]
+                    rows = recorder.request_rows(rq, planning.request_content(req))
+                    for rollout, gen in zip(req.rollouts, event.generations, strict=True):
+                        rows.append(recorder.gen((req.stage, req.instance_id, rollout), rq, pv, gen))
+                        tokens += gen.completion_tokens or 0
+                    recorder.add(rows)
+                    done_requests += 1
+                    done_samples += len(req.rollouts)
+                elif isinstance(event, Failed):
+                    req = event.request
+                    rq = run.plan.requests[(req.stage, req.instance_id)]
+                    recorder.add(recorder.request_rows(rq, planning.request_content(req)))
+                    recorder.add([recorder.fail(event.failure, rq, pv)])
+                    if event.failure.final:
+                        failures += 1
+                        done_requests += 1
+                elif isinstance(event, RoundEnd):
+                    recorder.flush()  # failed attempts are durable before any retry
+                self.progress.update(run.name, done_requests, done_samples, failures, tokens)
+        except SystemExit as exc:
+            # A provider that exits stops the session like Ctrl-C would: what was
+            # committed stays, the rest runs again on --resume.
+            recorder.flush()
+            raise ProviderExit(f"the provider raised SystemExit({exc.code!r}); stopping the session") from None
+        finally:
+            self.progress.end(run.name)
+        recorder.flush()
+
+    # -- gates -------------------------------------------------------------------
 
     def baseline(self) -> dict[str, gates.BaselineTask]:
         if self._baseline is None:
+            from pytest_evalreplay import baseline
+
             path = self.settings.baseline
             self._baseline = baseline.read(path) if path is not None else {}
         return self._baseline
 
+    def complete(self, task: str) -> TaskOutcome:
+        """Make sure every selected item of the task has its result in the
+        journal (computing here what no process has yet), then its numbers."""
+        run = self.runs[task]
+        run.touched = True
+        run.recorder.flush()
+        for key in run.selected:
+            if key in run.resolved or key in run.results:
+                continue
+            if self._resolved_elsewhere(run, key):
+                continue
+            run.results[key] = self.result_for(task, key)
+        return self.outcome(run)
+
+    def _resolved_elsewhere(self, run: TaskRun, key: RolloutKey) -> bool:
+        """Another process of this run has scored (or failed) this key."""
+        index = run.recorder.index
+        rq = run.plan.request_of(key)
+        gen = index.latest_gen(key, rq, self.provider_digest)
+        if gen is not None:
+            score = index.score_of(key, gen)
+            if score is not None and score.run == self.run_id:
+                return True
+        return self._own_failure(run, key) is not None
+
+    def outcome(self, run: TaskRun) -> TaskOutcome:
+        run.recorder.flush()
+        outcome = task_outcome(
+            run.plan, run.recorder.index, self.settings.max_attempts, self.run_id, self.host.model()
+        )
+        run.outcome = outcome
+        return outcome
+
     def gate_outcome(self, task: EvalTask) -> gates.GateOutcome:
-        """Judge a task's gate on what its journal holds for this configuration
-        (this run's rollouts and, under --resume, the reused ones)."""
         assert task.gate is not None
-        run = self.runs[task.name]
-        state = journal.read(self.output, task.name)
-        if state.fingerprint != run.fingerprint:
-            raise EvalReplayError(
-                f"no results of this configuration for task {task.name!r} yet: run its items "
-                "(a -k that selects the gate alone judges the journal of the last run)"
-            )
-        doc, scores = rundir.metrics_doc(task.name, state)
+        outcome = self.complete(task.name)
         return gates.evaluate(
             task=task.name,
             gate=task.gate,
-            metrics=doc["metrics"],
-            scores=gates.metric_scores(scores, task.gate.metric),
-            num_items=doc["num_items"],
-            num_failed=doc["num_failed"],
+            metrics=outcome.metrics,
+            scores=gates.metric_scores(outcome.instance_scores, task.gate.metric),
+            num_items=outcome.num_items - outcome.num_missing,
+            num_failed=outcome.num_failed,
             budget=self.settings.failure_budget,
             baseline=self.baseline().get(task.name),
+            missing=outcome.num_missing,
         )
 
-    @staticmethod
-    def _baseline_entry(
-        task: EvalTask, metrics: dict[str, float], scores: dict[str, dict[str, float]]
-    ) -> gates.BaselineTask:
-        # The gated metric's per-instance scores; with no gate, a sole metric's.
-        metric = task.gate.metric if task.gate is not None else None
-        if metric is None and len(metrics) == 1:
-            metric = next(iter(metrics))
-        per_instance = gates.metric_scores(scores, metric) if metric else {}
-        return gates.BaselineTask(metrics=metrics, scores=per_instance, metric=metric)
+    # -- the end -----------------------------------------------------------------
 
-    # -- the end -----------------------------------------------------------
-
-    def finish(self) -> list[dict[str, Any]]:
-        """Rewrite each touched task's run dir files from its journal; write the manifest."""
-        docs: list[dict[str, Any]] = []
+    def finish(self) -> None:
+        """Write each touched task's run dir files from its journal (under the
+        task lock, so the last process of a run to finish writes the fullest
+        view), the manifest, and the baseline when asked."""
         entries: dict[str, gates.BaselineTask] = {}
         for name, run in self.runs.items():
-            if not (run.writer.opened or run.reused or run.prior_failed):
+            if not run.touched:
                 continue
-            state = journal.read(self.output, name)
-            order = [inst["id"] for inst in run.task.instances]
-            doc, scores = rundir.finalize(self.output, name, state, order, run.task.num_samples)
-            docs.append(doc)
+            recorder = run.recorder
+            recorder.flush()
+            with recorder.locked():
+                recorder.refresh()
+                outcome = task_outcome(
+                    run.plan, recorder.index, self.settings.max_attempts, self.run_id, self.host.model()
+                )
+                recorder.write_run_dir(outcome, self.run_id, run.instance_order, run.task.num_samples)
+            run.outcome = outcome
+            self.docs[name] = TaskDoc(
+                doc=outcome.to_doc(self.run_id),
+                instance_scores=outcome.instance_scores,
+                seen=recorder.index.offset,
+                changed_request=run.decisions.changed_request,
+                changed_provider=run.decisions.changed_provider,
+                failed_before=len(run.decisions.failed),
+            )
             if self.settings.update_baseline:
-                entries[name] = self._baseline_entry(run.task, doc["metrics"], scores)
-        if self.settings.baseline is not None and entries:
+                entries[name] = gates.baseline_entry(run.task.gate, outcome.metrics, outcome.instance_scores)
+        if entries and self.settings.baseline is not None:
+            from pytest_evalreplay import baseline
+
             baseline.update(self.settings.baseline, entries)
             self.notes.append(f"baseline {self.settings.baseline} updated for: {', '.join(sorted(entries))}")
-        if docs:
-            model = getattr(self._provider, "model", None) or next(
-                (d["model"] for d in docs if d.get("model")), None
-            )
-            rundir.write_manifest(self.output, model, self.provider_config(), [d["task"] for d in docs])
-        if self._provider is not None and hasattr(self._provider, "close"):
-            self._provider.close()
-        return docs
+        if self.docs and self._output is not None:
+            from filelock import FileLock
+
+            with FileLock(str(self.output / ".manifest.lock")):
+                write_manifest(self.output, self.host.model(), self.provider_identity, list(self.docs))
+
+    def close(self) -> None:
+        self.host.close()
+        self.notes.extend(self.host.notes)
+        self.release_output()
+
+
+class ProviderExit(Exception):
+    """The provider raised SystemExit: the session stops (see `_stream_into_journal`)."""
+
+
+def describe_reuse(run: TaskRun) -> str | None:
+    d = run.decisions
+    parts = []
+    if d.reuse:
+        parts.append(f"{len(d.reuse)} reused")
+    if d.changed_request:
+        parts.append(f"{d.changed_request} regenerated because their request changed")
+    if d.changed_provider:
+        parts.append(f"{d.changed_provider} regenerated because the provider configuration changed")
+    if d.failed:
+        parts.append(f"{len(d.failed)} failed for good before")
+    return f"{run.name}: " + ", ".join(parts) if parts else None
+
+
+__all__ = ["EvalSession", "ProgressSink", "ProviderExit", "TaskDoc", "TaskRun", "WorkerInfo", "item_name"]

@@ -7,7 +7,10 @@ import functools
 import hashlib
 import inspect
 import os
+import math
+import numbers
 import re
+import string
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -33,14 +36,58 @@ Instance = dict[str, Any]
 Scorer = Callable[[str, Instance], "float | bool | Mapping[str, float]"]
 
 
+MAX_TASK_NAME = 100  # "<name>-predictions.jsonl" and its temporary files must fit a file name
+
+
 def validate_task_name(name: Any) -> str:
-    """Task names become file names: keep them to a safe alphabet."""
+    """Task names become file names: keep them to a safe alphabet and length."""
     if not isinstance(name, str) or not TASK_NAME.fullmatch(name) or name in (".", ".."):
         raise EvalReplayError(
             f"invalid task name {name!r}: use only letters, digits, '_', '.' and '-' "
             "(the name becomes a file name in the run dir)"
         )
+    if len(name) > MAX_TASK_NAME:
+        raise EvalReplayError(
+            f"task name {name[:40]!r}... is {len(name)} characters; use at most {MAX_TASK_NAME} "
+            "(the name becomes a file name in the run dir)"
+        )
     return name
+
+
+def validate_sampling(sampling: Any, where: str) -> dict[str, Any]:
+    """Sampling is a dict of JSON values (it is saved and compared as JSON),
+    with finite numbers: a typo like `sampling="hot"` fails when the task is built."""
+    if sampling is None:
+        return {}
+    if not isinstance(sampling, Mapping):
+        raise EvalReplayError(
+            f"{where}: sampling must be a dict such as {{'temperature': 0.7, 'max_tokens': 256}}, "
+            f"got {type(sampling).__name__}"
+        )
+    out: dict[str, Any] = {}
+    for key, value in sampling.items():
+        if not isinstance(key, str):
+            raise EvalReplayError(f"{where}: sampling keys must be strings, got {key!r}")
+        try:
+            orjson.dumps(value)
+        except TypeError:
+            raise EvalReplayError(
+                f"{where}: sampling[{key!r}] = {value!r:.60} is not a JSON value (it is saved with the run)"
+            ) from None
+        if _has_non_finite(value):
+            raise EvalReplayError(f"{where}: sampling[{key!r}] = {value!r:.60} is not a finite number")
+        out[key] = value
+    return out
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return any(_has_non_finite(v) for v in value)
+    if isinstance(value, Mapping):
+        return any(_has_non_finite(v) for v in value.values())
+    return False
 
 
 def load_instances(
@@ -89,6 +136,37 @@ def load_instances(
         seen[iid] = where
         instances.append({**row, "id": iid})
     return instances
+
+
+class _CheckedFormatter(string.Formatter):
+    """str.format, except that a field resolving to a method or function (a
+    typo like `{question.upper}`) is an error rather than its repr."""
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        if callable(value):
+            raise ValueError(f"resolves to {type(value).__name__} {getattr(value, '__name__', '')!r}, not a value")
+        return super().format_field(value, format_spec)
+
+
+_FORMATTER = _CheckedFormatter()
+
+
+def render_template(template: str, instance: Mapping[str, Any], where: str) -> str:
+    """Fill a `str.format` template from an instance, with errors that name the field."""
+    try:
+        return _FORMATTER.vformat(template, (), instance)
+    except KeyError as exc:
+        raise EvalReplayError(
+            f"{where}: the prompt template needs field {exc} that the instance lacks "
+            f"(it has: {', '.join(sorted(map(str, instance))) or 'nothing'})"
+        ) from None
+    except IndexError:
+        raise EvalReplayError(
+            f"{where}: the prompt template has a positional field ({{}} or {{0}}); name the instance field, "
+            "e.g. {question}"
+        ) from None
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise EvalReplayError(f"{where}: the prompt template cannot be rendered: {exc}") from None
 
 
 def _callable_identity(fn: Any) -> Any:
@@ -173,16 +251,17 @@ class EvalTask:
         self.scorer = scorer
         self.target = target
         self.system_prompt = system_prompt
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise EvalReplayError(f"task {name!r}: num_samples must be a positive integer")
+        if type(num_samples) is not int or num_samples < 1:
+            raise EvalReplayError(f"task {name!r}: num_samples must be a positive integer, got {num_samples!r}")
         self.num_samples = num_samples
-        self.sampling = dict(sampling or {})
+        self.sampling = validate_sampling(sampling, f"task {name!r}")
         self.strip_reasoning = strip_reasoning
         if gate is not None and not isinstance(gate, Gate):
             raise EvalReplayError(f"task {name!r}: gate must be a Gate(...), got {type(gate).__name__}")
         # Not part of config(): a threshold changes the verdict, not the results.
         self.gate = gate
         self._by_id = {inst["id"]: inst for inst in self.instances}
+        self._digests: dict[tuple[int, str], str] | None = None
 
     def __repr__(self) -> str:
         return f"EvalTask({self.name!r}, {len(self.instances)} instances, num_samples={self.num_samples})"
@@ -193,15 +272,41 @@ class EvalTask:
     # -- prompting ---------------------------------------------------------
 
     def render(self, instance: Instance) -> Context:
+        """The instance's prompt. Raises EvalReplayError naming the task, the
+        instance and the field for a template that does not fit the instance,
+        and for a prompt callable that raises or returns something else than
+        a string or a list of chat messages."""
+        where = f"task {self.name!r}, instance {instance['id']!r}"
         if isinstance(self.prompt, str):
-            try:
-                return self.prompt.format(**instance)
-            except (KeyError, IndexError) as exc:
-                raise EvalReplayError(
-                    f"task {self.name!r}: prompt template needs field {exc} "
-                    f"missing from instance {instance['id']!r}"
-                ) from None
-        return self.prompt(instance)
+            return render_template(self.prompt, instance, where)
+        try:
+            context = self.prompt(instance)
+        except Exception as exc:
+            raise EvalReplayError(f"{where}: the prompt callable raised {type(exc).__name__}: {exc}") from None
+        if isinstance(context, str):
+            return context
+        if isinstance(context, list) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in context
+        ):
+            return context
+        raise EvalReplayError(
+            f"{where}: the prompt callable returned {type(context).__name__}; return a string or a "
+            "list of chat messages ({'role': ..., 'content': ...})"
+        )
+
+    def keys(self) -> list[tuple[int, str, int]]:
+        """Every item of the task: (stage, instance id, rollout), in collection order."""
+        return [(1, inst["id"], r) for inst in self.instances for r in range(self.num_samples)]
+
+    def request_digests(self) -> dict[tuple[int, str], str]:
+        """Each instance's request, rendered now, as the digest reuse compares.
+        Rendered once per session at collection, so a template typo is one
+        collection error naming the task, the instance and the field."""
+        if self._digests is None:
+            from pytest_evalreplay.planning import request_digest
+
+            self._digests = {(1, inst["id"]): request_digest(self.request(inst)) for inst in self.instances}
+        return self._digests
 
     def request(self, instance: Instance, stage: int = 1, rollouts: tuple[int, ...] = ()) -> Request:
         return Request(
@@ -305,17 +410,9 @@ class EvalTask:
 
 
 def _as_float(value: Any, task: str, key: Any) -> float:
-    if isinstance(value, bool):
+    """A scorer's value as a float: bools and any real number (numpy's too)."""
+    if isinstance(value, numbers.Real):
         return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    try:
-        import numpy as np
-
-        if isinstance(value, np.generic):
-            return float(value)
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        pass
     raise EvalReplayError(
         f"task {task!r}: scorer returned {type(value).__name__} for {key!r}; "
         "return a float, a bool, or a dict of floats"

@@ -1,4 +1,8 @@
-"""Shared fixtures. The real-vLLM ones skip when vLLM is not installed."""
+"""Shared fixtures. The real-vLLM ones skip when vLLM is not installed.
+
+numpy and scipy are imported here, in the outer session: the plugin imports
+them lazily, and pytester's in-process runs drop modules first imported inside
+them, so each inner run would import numpy again (which numpy warns about)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy  # noqa: F401
 import pytest
+import scipy.special  # noqa: F401
+import scipy.stats  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).parent))
 

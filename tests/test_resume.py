@@ -136,74 +136,122 @@ def run(pytester: pytest.Pytester, *args: str, out: str = "run", **kwargs: bool)
     return pytester.runpytest(f"--evalreplay-output={out}", *args, **kwargs)
 
 
-# -- the fingerprint: one test per field ------------------------------------------
+def run(pytester: pytest.Pytester, *args: str, out: str = "run", **kwargs: bool) -> pytest.RunResult:
+    return pytester.runpytest(f"--evalreplay-output={out}", *args, **kwargs)
 
-CHANGES = {
-    "instances": ({}, {"instances": BASE["instances"].replace('"no"', '"answer beta"')}, ()),
-    "prompt": ({}, {"prompt": '"Q: {id}"'}, ()),
-    "prompt.source_sha256": (
-        {"prompt": "ask"},
-        {"prompt": "ask", "ask_body": '"Q: " + instance["id"]'},
-        (),
-    ),
-    "system_prompt": ({}, {"system_prompt": '"Answer briefly."'}, ()),
-    "scorer.normalize": ({}, {"scorer": "scorers.exact_match(normalize=False)"}, ()),
-    "scorer.source_sha256": (
-        {"scorer": "judge"},
-        {"scorer": "judge", "judge_body": 'float(text.startswith("answer"))'},
-        (),
-    ),
-    "target": ({}, {"target": '"alt"'}, ()),
-    "num_samples": ({}, {"num_samples": "3"}, ()),
-    "sampling.temperature": ({}, {"sampling": '{"temperature": 0.7, "max_tokens": 16}'}, ()),
-    "sampling.top_p": ({}, {"sampling": '{"temperature": 0.0, "max_tokens": 16, "top_p": 0.9}'}, ()),
-    "strip_reasoning": ({}, {"strip_reasoning": "True"}, ()),
-    "provider.kind": ({}, {}, ("--evalreplay-provider=counting2",)),
-    "provider.model": ({}, {}, ("--evalreplay-model=m2",)),
+
+def journal_rows(project, kind: str, out: str = "run") -> list[dict]:
+    return [r for r in project.rows("t-journal.jsonl", out) if r["type"] == kind]
+
+
+def fail_rows(project, out: str = "run") -> list[tuple[str, int, str, bool]]:
+    return [(f["instance_id"], f["attempt"], f["failure_class"], f["final"]) for f in journal_rows(project, "fail", out)]
+
+
+# -- what decides reuse: the request as sent, and the provider ------------------------
+
+# field changed -> (fields before, fields after, extra args, rollouts asked again)
+REGENERATE = {
+    "prompt template": ({}, {"prompt": '"Q: {id}"'}, ()),
+    "prompt callable's source": ({"prompt": "ask"}, {"prompt": "ask", "ask_body": '"Q: " + instance["id"]'}, ()),
+    "instance field the prompt reads": ({"prompt": '"Question {id} {alt}"'}, {"prompt": '"Question {id} {alt}"',
+        "instances": BASE["instances"].replace('"x"', '"x2"').replace('"y"', '"y2"')}, ()),
+    "system prompt": ({}, {"system_prompt": '"Answer briefly."'}, ()),
+    "sampling temperature": ({}, {"sampling": '{"temperature": 0.7, "max_tokens": 16}'}, ()),
+    "sampling top_p": ({}, {"sampling": '{"temperature": 0.0, "max_tokens": 16, "top_p": 0.9}'}, ()),
+    "provider kind": ({}, {}, ("--evalreplay-provider=counting2",)),
+    "provider model": ({}, {}, ("--evalreplay-model=m2",)),
 }
 
 
-@pytest.mark.parametrize("field", list(CHANGES))
-def test_a_changed_field_starts_the_task_fresh_and_says_why(pytester, project, field):
-    before, after, args = CHANGES[field]
+@pytest.mark.parametrize("case", list(REGENERATE))
+def test_a_changed_request_or_provider_regenerates_and_says_why(pytester, project, case):
+    before, after, args = REGENERATE[case]
     project(**before)
     run(pytester).assert_outcomes(passed=ITEMS)
     first = len(project.asked())
     project(**{**before, **after})
     result = run(pytester, "--resume", *args)
-    items = 6 if field == "num_samples" else ITEMS
-    result.assert_outcomes(passed=items)
-    result.stdout.fnmatch_lines([f"evalreplay: t: starting fresh (config changed: {field})"])
-    assert len(project.asked()) == first + items
+    result.assert_outcomes(passed=ITEMS)
+    why = "provider changed" if case.startswith("provider") else "request changed"
+    result.stdout.fnmatch_lines([f"t: 2 instances, {ITEMS} items, 0 failed | {ITEMS} generated, 0 reused, {ITEMS} regenerated ({why})*"])
+    assert len(project.asked()) == first + ITEMS
 
 
-UNCHANGED = {
-    "nothing": ({}, (), {}),
-    "key order of sampling": ({"sampling": '{"max_tokens": 16, "temperature": 0.0}'}, (), {}),
-    "batch size": ({}, ("--evalreplay-batch-size=1",), {}),
-    "item order": ({}, (), {"REVERSE_ITEMS": "1"}),
-    "prompt callable elsewhere in the file": ({"judge_body": "0.0"}, (), {}),
+def test_editing_a_module_level_string_the_prompt_callable_reads_regenerates(pytester, project):
+    # Issue 8, case 1: a prompt callable was fingerprinted by its own source, so
+    # editing the few-shot string it reads reused every old generation.
+    source = (
+        "from pytest_evalreplay import EvalTask\n"
+        "FEWSHOT = {shot!r}\n"
+        "t = EvalTask('t', [{{'id': 'alpha'}}, {{'id': 'beta'}}], prompt=lambda i: FEWSHOT + i['id'],\n"
+        "             scorer=lambda text, i: 1.0)\n"
+    )
+    project(source.format(shot="Q: 1+1? A: 2\n"))
+    run(pytester).assert_outcomes(passed=2)
+    project(source.format(shot="Q: 2+2? A: 4\n"))
+    result = run(pytester, "--resume")
+    result.assert_outcomes(passed=2)
+    assert len(project.asked()) == 4
+    contexts = [r["context"] for r in project.rows("t-requests.jsonl")]
+    assert contexts == ["Q: 2+2? A: 4\nalpha", "Q: 2+2? A: 4\nbeta"]
+
+
+def test_editing_a_helper_the_scorer_calls_rescores_without_generating(pytester, project):
+    # Issue 8, case 1 (scorer half): scores are recomputed by the current scorer on every run.
+    source = (
+        "from pytest_evalreplay import EvalTask\n"
+        "def helper(text):\n"
+        "    return {value}\n"
+        "t = EvalTask('t', [{{'id': 'alpha'}}, {{'id': 'beta'}}], prompt='Q {{id}}',\n"
+        "             scorer=lambda text, i: helper(text))\n"
+    )
+    project(source.format(value="0.0"))
+    run(pytester).assert_outcomes(passed=2)
+    assert project.metrics()["metrics"] == {"score": 0.0}
+    project(source.format(value="1.0"))
+    result = run(pytester, "--resume")
+    result.stdout.fnmatch_lines(["*t: 2 instances, 2 items, 0 failed | 0 generated, 2 reused | score=1.0000*"])
+    assert len(project.asked()) == 2
+    assert project.metrics()["metrics"] == {"score": 1.0}
+    assert [p["scores"] for p in project.rows("t-predictions.jsonl")] == [{"score": 1.0}] * 2
+
+
+RESCORE_ONLY = {
+    "builtin scorer parameters": {"scorer": "scorers.exact_match(normalize=False)"},
+    "scorer source": {"scorer": "judge", "judge_body": 'float(text.startswith("answer"))'},
+    "target field": {"target": '"alt"'},
+    "strip_reasoning": {"strip_reasoning": "True"},
+    "an instance field the prompt does not read": {"instances": BASE["instances"].replace('"x"', '"x2"')},
+    "key order of sampling": {"sampling": '{"max_tokens": 16, "temperature": 0.0}'},
 }
 
 
-@pytest.mark.parametrize("case", list(UNCHANGED))
-def test_an_unchanged_config_is_reused(pytester, project, monkeypatch, case):
-    after, args, env = UNCHANGED[case]
+@pytest.mark.parametrize("case", list(RESCORE_ONLY))
+def test_what_does_not_change_the_request_is_rescored_not_regenerated(pytester, project, case):
     project()
     run(pytester).assert_outcomes(passed=ITEMS)
-    project(**after)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    result = run(pytester, "--resume", *args)
-    result.assert_outcomes(skipped=ITEMS)
-    assert "starting fresh" not in result.stdout.str()
+    project(**RESCORE_ONLY[case])
+    result = run(pytester, "--resume")
+    result.assert_outcomes(passed=0)
+    result.stdout.fnmatch_lines([f"*{ITEMS} reused from the journal (deselected)*"])
     assert len(project.asked()) == ITEMS
 
 
-def test_the_worker_count_is_not_part_of_the_fingerprint(pytester, project):
-    pytest.importorskip("xdist")
+def test_more_samples_generate_only_the_new_rollouts(pytester, project):
     project()
     run(pytester).assert_outcomes(passed=ITEMS)
+    project(num_samples="3")
+    run(pytester, "--resume").assert_outcomes(passed=2)
+    assert project.asked()[ITEMS:] == [("alpha", 2), ("beta", 2)]
+
+
+def test_batch_size_item_order_and_worker_count_do_not_matter(pytester, project, monkeypatch):
+    project()
+    run(pytester).assert_outcomes(passed=ITEMS)
+    monkeypatch.setenv("REVERSE_ITEMS", "1")
+    run(pytester, "--resume", "--evalreplay-batch-size=1").assert_outcomes(passed=0)
+    pytest.importorskip("xdist")
     run(pytester, "--resume", "-n", "2").assert_outcomes(skipped=ITEMS)
     assert len(project.asked()) == ITEMS
 
@@ -212,29 +260,38 @@ def test_a_moved_output_dir_is_reused(pytester, project):
     project()
     run(pytester, out="here").assert_outcomes(passed=ITEMS)
     shutil.move(pytester.path / "here", pytester.path / "there")
-    run(pytester, "--resume", out="there").assert_outcomes(skipped=ITEMS)
+    run(pytester, "--resume", out="there").assert_outcomes(passed=0)
     assert len(project.asked()) == ITEMS
 
 
 # -- reuse --------------------------------------------------------------------------
 
 
-def test_resume_reuses_done_items_as_skipped_and_counts_them_per_task(pytester, project):
+def test_resume_deselects_reused_items_and_counts_them(pytester, project):
     project()
-    first = run(pytester)
-    first.assert_outcomes(passed=ITEMS)
-    metrics = (pytester.path / "run" / "t-metrics.json").read_bytes()
-    result = run(pytester, "--resume", "-rs")
-    result.assert_outcomes(skipped=ITEMS)
+    run(pytester).assert_outcomes(passed=ITEMS)
+    metrics = project.metrics()
+    result = run(pytester, "--resume")
+    result.assert_outcomes(deselected=ITEMS)
     result.stdout.fnmatch_lines(
         [
-            f"t: 2 instances, {ITEMS} items, 0 failed, {ITEMS} reused | exact_match=0.5000",
-            f"note: t: reused {ITEMS} item(s) from the journal",
-            f"SKIPPED [[]{ITEMS}[]] *: evalreplay: reused from journal",
+            f"evalreplay: 1 task, 0 to run, {ITEMS} reused from the journal (deselected)",
+            f"t: 2 instances, {ITEMS} items, 0 failed | 0 generated, {ITEMS} reused | exact_match=0.5000*",
         ]
     )
     assert len(project.asked()) == ITEMS
-    assert (pytester.path / "run" / "t-metrics.json").read_bytes() == metrics
+    again = project.metrics()
+    assert {k: v for k, v in again.items() if k != "session"} == {k: v for k, v in metrics.items() if k != "session"}
+
+
+def test_report_reused_keeps_reused_items_as_skipped_with_their_scores(pytester, project):
+    project()
+    run(pytester).assert_outcomes(passed=ITEMS)
+    result = run(pytester, "--resume", "--evalreplay-report-reused", "-rs", "--junitxml=out.xml")
+    result.assert_outcomes(skipped=ITEMS)
+    result.stdout.fnmatch_lines([f"SKIPPED [[]{ITEMS}[]] *: evalreplay: reused from journal"])
+    xml = (pytester.path / "out.xml").read_text()
+    assert xml.count('name="score.exact_match"') == ITEMS and 'name="evalreplay.reused"' in xml
 
 
 def test_resume_runs_only_the_rest_and_the_run_dir_matches_an_uninterrupted_run(pytester, project):
@@ -243,25 +300,69 @@ def test_resume_runs_only_the_rest_and_the_run_dir_matches_an_uninterrupted_run(
     run(pytester, "-k", "alpha and r1").assert_outcomes(passed=1, deselected=ITEMS - 1)
     run(pytester, "--resume", "-k", "beta").assert_outcomes(passed=2, deselected=2)
     result = run(pytester, "--resume")
-    result.assert_outcomes(passed=1, skipped=3)
+    result.assert_outcomes(passed=1, deselected=3)
     assert project.calls()[-3:] == [[["alpha", [1]]], [["beta", [0, 1]]], [["alpha", [0]]]]
-    for name in ("t-requests.jsonl", "t-predictions.jsonl", "t-metrics.json", "manifest.json"):
+    for name in ("t-requests.jsonl", "t-predictions.jsonl", "manifest.json"):
         assert (pytester.path / "run" / name).read_bytes() == (pytester.path / "whole" / name).read_bytes()
+    whole = project.metrics("whole")
+    assert {k: v for k, v in project.metrics().items() if k != "session"} == {
+        k: v for k, v in whole.items() if k != "session"
+    }
 
 
-def test_a_bare_run_starts_fresh_and_clears_the_journal(pytester, project):
+# -- narrowed runs keep the rest (issue 8, case 2) -------------------------------------
+
+
+def test_a_k_run_without_resume_regenerates_what_it_selects_and_keeps_the_rest(pytester, project):
+    project()
+    run(pytester).assert_outcomes(passed=ITEMS)
+    full = project.metrics()
+    run(pytester, "-k", "beta and r0").assert_outcomes(passed=1, deselected=ITEMS - 1)
+    assert project.asked()[ITEMS:] == [("beta", 0)]
+    metrics = project.metrics()
+    assert (metrics["num_items"], metrics["num_missing"], metrics["complete"]) == (ITEMS, 0, True)
+    assert metrics["metrics"] == full["metrics"]
+    assert len(project.rows("t-predictions.jsonl")) == 2
+
+
+def test_lf_after_a_full_run_keeps_everything_else(pytester, project):
+    project(instances='[{"id": "alpha"}, {"id": "bad1"}]', scorer="judge")
+    run(pytester).assert_outcomes(passed=2, failed=2)
+    result = run(pytester, "--lf")
+    result.assert_outcomes(failed=2, deselected=2)
+    metrics = project.metrics()
+    assert (metrics["num_items"], metrics["num_failed"], metrics["metrics"]) == (4, 2, {"judge": 1.0})
+    assert [p["instance_id"] for p in project.rows("t-predictions.jsonl")] == ["alpha"]
+
+
+def test_a_narrowed_run_says_how_many_items_are_missing(pytester, project):
+    project()
+    run(pytester, "-k", "alpha").assert_outcomes(passed=2, deselected=2)
+    metrics = project.metrics()
+    assert (metrics["num_items"], metrics["num_missing"], metrics["complete"]) == (ITEMS, 2, False)
+
+
+def test_reset_discards_a_tasks_saved_results(pytester, project):
+    project()
+    run(pytester).assert_outcomes(passed=ITEMS)
+    run(pytester, "--evalreplay-reset", "-k", "alpha").assert_outcomes(passed=2, deselected=2)
+    metrics = project.metrics()
+    assert (metrics["num_items"], metrics["num_missing"]) == (ITEMS, 2)
+    assert [p["instance_id"] for p in project.rows("t-predictions.jsonl")] == ["alpha"]
+
+
+def test_a_full_run_without_resume_starts_the_journal_afresh(pytester, project):
     project(instances='[{"id": "a"}, {"id": "bad1"}]', scorer="judge")
     run(pytester).assert_outcomes(passed=2, failed=2)
     first = project.rows("t-journal.jsonl")
-    assert project.rows("t-failures.jsonl")
     project(instances='[{"id": "a"}, {"id": "b"}]', scorer="judge")
     run(pytester).assert_outcomes(passed=ITEMS)
-    journal = project.rows("t-journal.jsonl")
-    assert journal[0]["run_id"] != first[0]["run_id"]
-    done = sorted((r["instance_id"], r["rollout"]) for r in journal if r["type"] == "done")
-    assert done == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
-    assert project.rows("t-failures.jsonl") == []
-    assert [p["instance_id"] for p in project.rows("t-predictions.jsonl")] == ["a", "b"]
+    rows = project.rows("t-journal.jsonl")
+    assert rows[0]["run"] != first[0]["run"]
+    assert sorted((r["instance_id"], r["rollout"]) for r in rows if r["type"] == "gen") == [
+        ("a", 0), ("a", 1), ("b", 0), ("b", 1)
+    ]
+    assert fail_rows(project) == []
     assert project.asked().count(("a", 0)) == 2
 
 
@@ -271,7 +372,7 @@ def test_a_bare_run_that_dies_before_its_first_row_still_clears_the_journal(pyte
     monkeypatch.setenv("INTERRUPT", "1")
     result = run(pytester, no_reraise_ctrlc=True)
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    assert [r["type"] for r in project.rows("t-journal.jsonl")] == ["header"]
+    assert journal_rows(project, "gen") == [] and journal_rows(project, "fail") == []
     monkeypatch.delenv("INTERRUPT")
     run(pytester, "--resume").assert_outcomes(passed=1)
     assert project.asked() == [("stop", 0)] * 3
@@ -281,7 +382,7 @@ def test_cache_clear_removes_the_journal(pytester, project):
     project()
     pytester.runpytest().assert_outcomes(passed=ITEMS)
     assert (pytester.path / ".pytest_cache" / "d" / "evalreplay" / "t-journal.jsonl").exists()
-    pytester.runpytest("--resume").assert_outcomes(skipped=ITEMS)
+    pytester.runpytest("--resume").assert_outcomes(passed=0)
     pytester.runpytest("--resume", "--cache-clear").assert_outcomes(passed=ITEMS)
     assert len(project.asked()) == 2 * ITEMS
 
@@ -294,15 +395,10 @@ def test_retryable_failures_are_retried_in_the_run_and_kept_out_of_metrics(pytes
     project(instances='[{"id": "a"}, {"id": "flaky"}]', num_samples="1", scorer="judge")
     run(pytester).assert_outcomes(passed=2)
     assert project.asked().count(("flaky", 0)) == 3
-    failures = project.rows("t-failures.jsonl")
-    assert [(f["instance_id"], f["attempt"], f["failure_class"], f["final"]) for f in failures] == [
-        ("flaky", 1, "retryable", False),
-        ("flaky", 2, "retryable", False),
-    ]
-    assert "503 from server" in failures[0]["message"]
+    assert fail_rows(project) == [("flaky", 1, "retryable", False), ("flaky", 2, "retryable", False)]
+    assert "503 from server" in journal_rows(project, "fail")[0]["message"]
     assert project.metrics()["num_failed"] == 0
-    done = [r["instance_id"] for r in project.rows("t-journal.jsonl") if r["type"] == "done"]
-    assert done == ["a", "flaky"]
+    assert [r["instance_id"] for r in journal_rows(project, "gen")] == ["a", "flaky"]
 
 
 def test_the_attempt_cap_holds_across_runs_and_a_raised_cap_retries(pytester, project, monkeypatch):
@@ -316,14 +412,15 @@ def test_the_attempt_cap_holds_across_runs_and_a_raised_cap_retries(pytester, pr
     assert project.metrics()["metrics"] == {"judge": 1.0}
 
     result = run(pytester, "--resume")
-    result.assert_outcomes(failed=1, skipped=1)
-    result.stdout.fnmatch_lines(["*failed for good in an earlier run (attempt 3, retryable)*"])
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines(
+        ["*failed for good in an earlier run (attempt 3, retryable)*raise --evalreplay-max-attempts*"]
+    )
     assert project.asked().count(("flaky", 0)) == 3
-    assert project.metrics()["failed"] == ["flaky[s1-r0]"]
 
-    run(pytester, "--resume", "--evalreplay-max-attempts=5").assert_outcomes(passed=1, skipped=1)
+    run(pytester, "--resume", "--evalreplay-max-attempts=5").assert_outcomes(passed=1, deselected=1)
     assert project.asked().count(("flaky", 0)) == 5
-    attempts = [(f["attempt"], f["final"]) for f in project.rows("t-failures.jsonl")]
+    attempts = [(a, final) for _, a, _, final in fail_rows(project)]
     assert attempts == [(1, False), (2, False), (3, True), (4, False)]
     assert project.metrics()["num_failed"] == 0
 
@@ -349,29 +446,29 @@ Counting.generate = generate
     monkeypatch.setenv("INTERRUPT_AT_RETRY", "1")
     result = run(pytester, "--evalreplay-max-attempts=2", no_reraise_ctrlc=True)
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    assert [f["attempt"] for f in project.rows("t-failures.jsonl")] == [1]
+    assert [a for _, a, _, _ in fail_rows(project)] == [1]
     monkeypatch.delenv("INTERRUPT_AT_RETRY")
     run(pytester, "--resume", "--evalreplay-max-attempts=2").assert_outcomes(failed=1)
     assert project.asked() == [("flaky", 0)] * 2
-    assert [(f["attempt"], f["final"]) for f in project.rows("t-failures.jsonl")] == [(1, False), (2, True)]
+    assert [(a, final) for _, a, _, final in fail_rows(project)] == [(1, False), (2, True)]
 
 
-def test_a_terminal_failure_is_final_at_once(pytester, project):
+def test_a_terminal_failure_is_final_at_once_and_its_hint_is_true(pytester, project):
     project(instances='[{"id": "a"}, {"id": "bad1"}]', num_samples="1", scorer="judge")
     result = run(pytester)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*t bad1[[]s1-r0[]]: context too long*"])
-    assert project.asked().count(("bad1", 0)) == 1
-    failures = project.rows("t-failures.jsonl")
-    assert [(f["attempt"], f["failure_class"], f["final"]) for f in failures] == [(1, "terminal", True)]
+    assert fail_rows(project) == [("bad1", 1, "terminal", True)]
     for args in ((), ("--evalreplay-max-attempts=9",)):
         result = run(pytester, "--resume", *args)
-        result.assert_outcomes(failed=1, skipped=1)
-        result.stdout.fnmatch_lines(["*failed for good in an earlier run (attempt 1, terminal)*"])
+        result.assert_outcomes(failed=1, deselected=1)
+        result.stdout.fnmatch_lines(
+            ["*failed for good in an earlier run (attempt 1, terminal)*run without --resume*"]
+        )
+        assert "max-attempts" not in result.stdout.str()
     assert project.asked().count(("bad1", 0)) == 1
     metrics = project.metrics()
     assert (metrics["metrics"], metrics["num_items"], metrics["num_failed"]) == ({"judge": 1.0}, 2, 1)
-    assert all(r["instance_id"] == "a" for r in project.rows("t-journal.jsonl") if r["type"] == "done")
 
 
 def test_a_task_whose_only_item_failed_for_good_is_still_written_on_resume(pytester, project):
@@ -382,36 +479,35 @@ def test_a_task_whose_only_item_failed_for_good_is_still_written_on_resume(pytes
     assert project.metrics()["failed"] == ["bad1[s1-r0]"]
 
 
-def test_keyboard_interrupt_writes_nothing_and_resume_reruns_it(pytester, project, monkeypatch):
+def test_keyboard_interrupt_writes_nothing_for_what_was_in_flight(pytester, project, monkeypatch):
     project(instances='[{"id": "a"}, {"id": "stop"}, {"id": "c"}]', num_samples="1", scorer="judge")
     monkeypatch.setenv("INTERRUPT", "1")
     result = run(pytester, "--evalreplay-batch-size=1", no_reraise_ctrlc=True)
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    assert [r["instance_id"] for r in project.rows("t-journal.jsonl") if r["type"] == "done"] == ["a"]
-    assert project.rows("t-failures.jsonl") == []
+    assert [r["instance_id"] for r in journal_rows(project, "gen")] == ["a"]
+    assert fail_rows(project) == []
     monkeypatch.delenv("INTERRUPT")
     result = run(pytester, "--resume", "--evalreplay-batch-size=1")
-    result.assert_outcomes(passed=2, skipped=1)
+    result.assert_outcomes(passed=2, deselected=1)
     assert project.asked() == [("a", 0), ("stop", 0), ("stop", 0), ("c", 0)]
-    assert project.rows("t-failures.jsonl") == []
     assert [p["instance_id"] for p in project.rows("t-predictions.jsonl")] == ["a", "stop", "c"]
 
 
 # -- damaged journals ---------------------------------------------------------------
 
 
-def test_a_torn_last_line_is_ignored_with_a_warning_on_resume(pytester, project):
+def test_a_torn_last_line_is_skipped_with_a_note_even_when_warnings_are_errors(pytester, project):
     project()
     run(pytester, "-k", "alpha").assert_outcomes(passed=2, deselected=2)
     path = pytester.path / "run" / "t-journal.jsonl"
     with path.open("ab") as fh:
-        fh.write(b'{"type": "done", "stage": 1, "instance_id": "beta", "rol')
-    # The warning is the point here, also where the outer run turns warnings into errors.
-    result = run(pytester, "--resume", "-W", "always::pytest_evalreplay.journal.TornLineWarning")
-    result.assert_outcomes(passed=2, skipped=2)
-    result.stdout.fnmatch_lines(["*t-journal.jsonl:5: ignoring a torn last line (the run died mid-write)*"])
+        fh.write(b'{"type": "gen", "stage": 1, "instance_id": "beta", "rol')
+    result = run(pytester, "--resume", "-W", "error")
+    result.assert_outcomes(passed=2, deselected=2)
+    result.stdout.fnmatch_lines(["note: *t-journal.jsonl:*: ignored a torn last line (a run died mid-write)"])
     assert all(line.startswith(b"{") and line.endswith(b"}") for line in path.read_bytes().splitlines())
     assert len(project.asked()) == ITEMS
+    assert "INTERNALERROR" not in result.stdout.str()
 
 
 def test_a_malformed_journal_line_is_a_usage_error_naming_file_and_line(pytester, project):
@@ -423,5 +519,21 @@ def test_a_malformed_journal_line_is_a_usage_error_naming_file_and_line(pytester
     path.write_bytes(b"\n".join(rows) + b"\n")
     result = run(pytester, "--resume")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*t-journal.jsonl:3: malformed journal line*"])
-    run(pytester).assert_outcomes(passed=ITEMS)  # a bare run starts over
+    result.stderr.fnmatch_lines(["*t-journal.jsonl:3: malformed journal line*--evalreplay-reset*"])
+    run(pytester).assert_outcomes(passed=ITEMS)  # a full run without --resume starts over
+
+
+def test_journal_rows_of_items_the_task_does_not_have_are_ignored_naming_file_and_line(pytester, project):
+    # Issue 8, case 11.
+    project()
+    run(pytester).assert_outcomes(passed=ITEMS)
+    path = pytester.path / "run" / "t-journal.jsonl"
+    good = [r for r in project.rows("t-journal.jsonl") if r["type"] == "gen"][0]
+    bad = [{**good, "instance_id": "ghost"}, {**good, "rollout": 7}, {**good, "stage": -3}]
+    with path.open("ab") as fh:
+        fh.write(b"".join(orjson.dumps(r) + b"\n" for r in bad))
+    result = run(pytester, "--resume")
+    result.assert_outcomes(passed=0)
+    result.stdout.fnmatch_lines(["note: t: ignored journal rows for items the task does not have: *t-journal.jsonl:*"])
+    metrics = project.metrics()
+    assert (metrics["num_items"], metrics["metrics"]) == (ITEMS, {"exact_match": 0.5})

@@ -1,4 +1,5 @@
-"""Providers: one module per kind. This module maps a kind to its factory.
+"""Providers: one module per kind. This module maps a kind to its factory and
+hosts the session's provider (built when first needed, named, closed).
 
 Each built-in factory takes the resolved `Settings` and returns a provider;
 heavy imports (vllm, HTTP) happen inside the factory, so choosing `replay`
@@ -8,11 +9,15 @@ never imports vllm. A conftest adds kinds through the
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
-from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.model import EvalReplayError, Provider
 from pytest_evalreplay.options import Settings
 
 # kind -> "module:factory"; the module is imported only when the kind is chosen.
@@ -21,6 +26,11 @@ BUILTIN_KINDS: dict[str, str] = {
     "vllm": "pytest_evalreplay.providers.vllm:from_settings",
     "openai": "pytest_evalreplay.providers.openai:from_settings",
 }
+
+NO_PROVIDER = (
+    "no provider chosen: pass --evalreplay-provider=KIND (ini evalreplay_provider) "
+    "or --evalreplay-predictions=PATH to rescore a saved run"
+)
 
 
 def make_builtin(kind: str, settings: Settings) -> Any:
@@ -34,3 +44,111 @@ def make_builtin(kind: str, settings: Settings) -> Any:
     module_name, _, attr = target.partition(":")
     factory: Callable[[Settings], Any] = getattr(import_module(module_name), attr)
     return factory(settings)
+
+
+def path_signature(path: Path) -> str:
+    """What a saved run looks like on disk (names, sizes, modification times),
+    so replaying a path whose files changed is not mistaken for the same provider."""
+    h = hashlib.blake2b(digest_size=12)
+    try:
+        if path.is_file():
+            st = path.stat()
+            h.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        else:
+            for root, dirs, files in os.walk(path):
+                dirs.sort()
+                for name in sorted(files):
+                    if name.startswith("."):
+                        continue
+                    st = os.stat(os.path.join(root, name))
+                    rel = os.path.relpath(os.path.join(root, name), path)
+                    h.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    except OSError:
+        return "unreadable"
+    return h.hexdigest()
+
+
+HookMaker = Callable[[str], Any]
+
+
+@dataclass
+class ProviderHost:
+    """The session's provider: its identity (what the journal keys reuse on)
+    known without building a built-in, the provider built only when something
+    must be generated (a fully reused session starts no engine and loads no
+    saved run), and closed once at the end."""
+
+    settings: Settings
+    from_hook: HookMaker  # asks the conftest hook; None if no plugin makes this kind
+    _provider: Any = None
+    _hooked: bool | None = None
+    _closed: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        if self.settings.provider is None:
+            raise EvalReplayError(NO_PROVIDER)
+        return self.settings.provider
+
+    def _ask_hook(self) -> None:
+        if self._hooked is None:
+            made = self.from_hook(self.kind)
+            self._hooked = made is not None
+            if made is not None:
+                self._provider = made
+
+    def identity(self) -> dict[str, Any]:
+        """What makes generations of this provider interchangeable: its kind,
+        its model and what else picks the weights. A conftest provider is built
+        here (its `model` attribute names it); built-ins are named from settings."""
+        kind = self.kind
+        self._ask_hook()
+        s = self.settings
+        if self._hooked:
+            model = getattr(self._provider, "model", None)
+            return {"kind": kind, "model": model if isinstance(model, str) else None}
+        if kind == "replay":
+            if s.predictions is None:
+                return {"kind": kind}
+            return {"kind": kind, "predictions": str(s.predictions), "files": path_signature(s.predictions)}
+        if kind == "vllm":
+            return {"kind": kind, "model": s.model, "engine_args": dict(s.engine_args)}
+        if kind in BUILTIN_KINDS:
+            return {"kind": kind, "model": s.model}
+        # An unknown kind: building it raises the clear error.
+        self.get()
+        return {"kind": kind}
+
+    @property
+    def built(self) -> bool:
+        return self._provider is not None
+
+    def get(self) -> Provider:
+        """The provider, built on first call (a bad setting raises EvalReplayError)."""
+        if self._provider is None:
+            if self._closed:
+                raise EvalReplayError("the provider was closed at the end of the session")
+            self._ask_hook()
+            if self._provider is None:
+                self._provider = make_builtin(self.kind, self.settings)
+        return self._provider  # type: ignore[no-any-return]
+
+    def model(self) -> str | None:
+        """The model name for the manifest and metrics, without building a built-in."""
+        if self._provider is not None:
+            model = getattr(self._provider, "model", None)
+            if isinstance(model, str):
+                return model
+        return self.settings.model
+
+    def close(self) -> None:
+        """Close the provider once; a `close()` that raises becomes a note, not a traceback."""
+        provider, self._provider = self._provider, None
+        self._closed = True
+        close = getattr(provider, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception as exc:
+                self.notes.append(f"the provider's close() raised {type(exc).__name__}: {exc}")
