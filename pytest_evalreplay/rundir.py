@@ -129,9 +129,25 @@ def write_task(
         generations = [index.read_row(i.gen.offset, i.gen.length)["generation"] for i in items]  # type: ignore[union-attr]
         predictions.append(prediction_row(iid, stage, items, generations, num_samples, outcome.model))
     files = task_files(directory, outcome.task)
+    remove_stale_temporaries(directory, f".{outcome.task}-")
     atomic_write(files["requests"], _jsonl(requests))
     atomic_write(files["predictions"], _jsonl(predictions))
     atomic_write(files["metrics"], orjson.dumps(outcome.to_doc(run), option=orjson.OPT_INDENT_2))
+
+
+def remove_stale_temporaries(directory: Path, prefix: str) -> None:
+    """Temporary files a killed writer left behind (the caller holds the lock
+    that every writer of those files holds, so none is in use)."""
+    try:
+        stale = [p for p in directory.iterdir() if p.name.startswith(prefix) and p.name.endswith(".tmp")]
+    except OSError:
+        return
+    for path in stale:
+        try:
+            if not path.is_symlink() and path.is_file():
+                path.unlink()
+        except OSError:
+            pass
 
 
 def remove_task_files(directory: Path, task: str) -> None:
@@ -144,8 +160,9 @@ def remove_task_files(directory: Path, task: str) -> None:
 
 
 def write_manifest(directory: Path, model: str | None, provider: Mapping[str, Any], tasks: Iterable[str]) -> None:
-    """Merge this run's tasks into manifest.json (the caller holds the session lock)."""
+    """Merge this run's tasks into manifest.json (the caller holds the manifest lock)."""
     path = directory / "manifest.json"
+    remove_stale_temporaries(directory, ".manifest.json.")
     try:
         doc = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError):

@@ -434,6 +434,7 @@ class EvalSession:
                         done_requests += 1
                 elif isinstance(event, RoundEnd):
                     recorder.flush()  # failed attempts are durable before any retry
+                    continue
                 self.progress.update(run.name, done_requests, done_samples, failures, tokens)
         except SystemExit as exc:
             # A provider that exits stops the session like Ctrl-C would: what was

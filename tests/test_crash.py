@@ -49,35 +49,33 @@ class Counting:
 def pytest_evalreplay_make_provider(config, kind):
     return Counting() if kind == "counting" else None
 
-_append, appends = journal._append, 0
+_append, appends = journal.append_durably, 0
 
-def append(path, rows):
+def append(path, blob):
     global appends
-    rows = list(rows)
-    appends += bool(rows)
-    if rows and appends == env("KILL_AT_APPEND"):
-        blob = b"".join(orjson.dumps(r) + b"\\n" for r in rows)
+    appends += bool(blob)
+    if blob and appends and appends == env("KILL_AT_APPEND"):
         with open(path, "ab") as fh:
             fh.write(blob[: len(blob) // 2])
         die()
-    _append(path, rows)
+    _append(path, blob)
 
-journal._append = append
+journal.append_durably = append
 
-_write, writes = rundir._atomic_write, 0
+_write, writes = rundir.atomic_write, 0
 
 def atomic_write(path, data):
     global writes
-    writes += 1
-    if writes == env("KILL_AT_WRITE"):
+    writes += not path.name.startswith(".")  # run dir files only, not the session holder
+    if writes and writes == env("KILL_AT_WRITE") and not path.name.startswith("."):
         if os.environ.get("TEAR"):
-            path.with_name(f".{path.name}.tmp").write_bytes(data[: len(data) // 2])
+            path.with_name(f".{path.name}.torn.tmp").write_bytes(data[: len(data) // 2])
         else:
             _write(path, data)
         die()
     _write(path, data)
 
-rundir._atomic_write = atomic_write
+rundir.atomic_write = atomic_write
 """
 
 # Provider calls with --evalreplay-batch-size=2, in order:
@@ -127,27 +125,35 @@ class Project:
         calls = [orjson.loads(line) for line in self.log.read_bytes().splitlines()]
         return [(task, iid, r) for call in calls for task, iid, rollouts in call for r in rollouts]
 
+    def journal(self, task: str) -> list[dict]:
+        path = self.out / f"{task}-journal.jsonl"
+        return _rows(path) if path.exists() else []
+
     def saved(self) -> set[tuple[str, str, int]]:
-        """Rollouts the journals hold as done or failed for good (a torn last line skipped)."""
+        """Rollouts the journals hold as generated or failed for good (a torn last line skipped)."""
         out: set[tuple[str, str, int]] = set()
         for task in TASKS:
-            for name in (f"{task}-journal.jsonl", f"{task}-failures.jsonl"):
-                path = self.out / name
-                for row in _rows(path) if path.exists() else []:
-                    if row.get("type") == "done":
-                        out.add((task, row["instance_id"], row["rollout"]))
-                    elif row.get("final"):
-                        out.update((task, row["instance_id"], r) for r in row["rollouts"])
+            for row in self.journal(task):
+                if row.get("type") == "gen":
+                    out.add((task, row["instance_id"], row["rollout"]))
+                elif row.get("type") == "fail" and row.get("final"):
+                    out.update((task, row["instance_id"], r) for r in row["rollouts"])
         return out
 
     def failures(self, task: str) -> list[tuple[str, int, str, bool]]:
-        path = self.out / f"{task}-failures.jsonl"
-        rows = _rows(path) if path.exists() else []
+        rows = [r for r in self.journal(task) if r["type"] == "fail"]
         return [(f["instance_id"], f["attempt"], f["failure_class"], f["final"]) for f in rows]
 
     def done_rows(self, task: str) -> list[tuple[int, str, int]]:
-        rows = _rows(self.out / f"{task}-journal.jsonl")
-        return [(r["stage"], r["instance_id"], r["rollout"]) for r in rows if r["type"] == "done"]
+        return [(r["stage"], r["instance_id"], r["rollout"]) for r in self.journal(task) if r["type"] == "gen"]
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Byte-identical, except metrics.json's `session` block (what that session generated or reused)."""
+    if a.name.endswith("-metrics.json"):
+        strip = lambda p: {k: v for k, v in orjson.loads(p.read_bytes()).items() if k != "session"}  # noqa: E731
+        return strip(a) == strip(b)
+    return a.read_bytes() == b.read_bytes()
 
 
 def _rows(path: Path) -> list[dict]:
@@ -205,7 +211,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_run_dir(tmp_path, uninterrupt
     assert set(project.asked()) == set(uninterrupted.asked())
 
     for file in RUN_DIR_FILES:
-        assert (project.out / file).read_bytes() == (uninterrupted.out / file).read_bytes(), file
+        assert same_file(project.out / file, uninterrupted.out / file), file
     assert not list(project.out.glob("*.tmp")) and not list(project.out.glob(".*.tmp"))
     for task in TASKS:
         rows = project.done_rows(task)

@@ -114,7 +114,7 @@ def test_gate_alone_judges_the_last_run_and_resume_feeds_it(pytester, suite, mon
     run(pytester, monkeypatch, ["i00"]).assert_outcomes(passed=41)
     run(pytester, monkeypatch, ["i00"], (), "-k", "gate").assert_outcomes(passed=1, deselected=40)
     result = run(pytester, monkeypatch, ["i00"], (), "--resume")
-    result.assert_outcomes(passed=1, skipped=40)
+    result.assert_outcomes(passed=1, deselected=40)
     result.stdout.fnmatch_lines(["*gate qa: PASS exact_match=0.9750*"])
 
 
@@ -140,11 +140,3 @@ def test_gate_runs_on_the_worker_of_its_task_under_xdist(pytester, suite, monkey
     result = run(pytester, monkeypatch, ["i00"], (), "-n", "2", "-p", "no:benchmark")
     result.assert_outcomes(passed=41)
     result.stdout.fnmatch_lines(["*gate qa: PASS exact_match=0.9750*"])
-
-
-def test_scope_of_groups_a_task_with_its_gate():
-    from pytest_evalreplay.distributed import scope_of
-
-    assert scope_of("t/test_e.py::qa::i00[s1-r0]") == "t/test_e.py::qa"
-    assert scope_of("t/test_e.py::qa::gate") == "t/test_e.py::qa"
-    assert scope_of("t/test_e.py::test_plain") == "t/test_e.py::test_plain"

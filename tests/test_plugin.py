@@ -91,7 +91,9 @@ def test_all_items_of_a_task_are_generated_in_one_call(pytester, project):
     calls = project.calls()
     assert len(calls) == 1
     assert sorted(calls[0]) == [[f"q{i:04d}", [0, 1]] for i in range(5)]
-    result.stdout.fnmatch_lines(["*qa: 5 instances, 10 items, 0 failed, 0 reused | right_for_even=0.6000*"])
+    result.stdout.fnmatch_lines(
+        ["qa: 5 instances, 10 items, 0 failed | 10 generated, 0 reused | right_for_even=0.6000 [[]*"]
+    )
 
 
 @pytest.mark.parametrize("batch", [1, 3, 7])
@@ -188,9 +190,11 @@ t = EvalTask("picky", [{"id": f"q{i}"} for i in range(4)], prompt="{id}", scorer
     result.stdout.fnmatch_lines(["*picky q2[[]s1-r0[]]: scorer raised ValueError: cannot parse this one*"])
     metrics = orjson.loads((project.out / "picky-metrics.json").read_bytes())
     assert metrics["metrics"] == {"picky": 1.0}
-    assert metrics["num_failed"] == 1
-    failures = (project.out / "picky-failures.jsonl").read_bytes().splitlines()
-    assert orjson.loads(failures[0])["failure_class"] == "scoring"
+    assert metrics["failed"] == ["q2[s1-r0]"]
+    journal = [orjson.loads(x) for x in (project.out / "picky-journal.jsonl").read_bytes().splitlines()]
+    assert [r["error"] for r in journal if r["type"] == "score" and "error" in r] == [
+        "scorer raised ValueError: cannot parse this one"
+    ]
 
 
 def test_generation_error_fails_the_item_and_is_not_scored_zero(pytester, project):
@@ -265,15 +269,21 @@ def test_markdown_report(pytester, project):
     project(n=2)
     run(pytester, "--evalreplay-report=report.md").assert_outcomes(passed=2)
     text = (pytester.path / "report.md").read_text()
-    assert "| qa | 2 | 2 | 0 | 0 | right_for_even=0.5000 |" in text
+    assert "| qa | 2 | 0 | 0 | 2 | 0 | right_for_even=0.5000 [0.0000, 1.0000] |" in text
 
 
-def test_progress_line_is_shown_and_quiet_under_q(pytester, project):
+def test_progress_lines_appear_in_a_log_and_not_under_q(pytester, project):
     project(n=2)
+    pytester.makeini("[pytest]\nevalreplay_provider = counting\nevalreplay_progress_interval = 0\n")
     result = run(pytester)
-    result.stdout.fnmatch_lines(["*evalreplay: qa: 2/2 requests generated in *"])
+    result.stdout.fnmatch_lines(
+        [
+            "evalreplay: qa: 1/2 requests (1/2 samples), 0 failed, * elapsed, ETA *",
+            "evalreplay: qa: 2/2 requests (2/2 samples), 0 failed, * elapsed",
+        ]
+    )
     result = run(pytester, "-q")
-    assert "requests generated" not in result.stdout.str()
+    assert "requests (" not in result.stdout.str()
 
 
 def test_default_output_is_under_the_cache_dir(pytester, project):
@@ -303,34 +313,11 @@ def test_malformed_instances_file_names_file_and_line(pytester, project):
     result.stdout.fnmatch_lines(["*qs.jsonl:2: malformed JSON*"])
 
 
-def test_xdist_keeps_each_task_on_one_worker(pytester, project):
-    pytest.importorskip("xdist")
-    pytester.makepyfile(
-        test_more="from pytest_evalreplay import EvalTask\n"
-        "other = EvalTask('other', [{'id': f'o{i}'} for i in range(6)], prompt='{id}', scorer='contains',\n"
-        "                 target='id')\n"
-        "def test_a():\n    pass\n"
-        "def test_b():\n    pass\n"
-    )
-    project(n=6, samples=2)
-    # pytest-benchmark, where installed, warns under xdist; this test is about our warnings.
-    result = run(pytester, "-n", "2", "-p", "no:benchmark")
-    result.assert_outcomes(passed=20)
-    requested = sorted(i for call in project.calls() for i, _ in call)
-    assert requested == sorted([f"q{i:04d}" for i in range(6)] + [f"o{i}" for i in range(6)])
-    assert len(project.calls()) == 2
-    result.stdout.fnmatch_lines(
-        ["*other: 6 instances, 6 items, 0 failed*", "*qa: 6 instances, 12 items, 0 failed*"]
-    )
-    journal = (project.out / "qa-journal.jsonl").read_bytes().splitlines()
-    assert len(journal) == 1 + 6 + 12  # header, request rows, done rows: nothing twice
-
-
-def test_xdist_workers_notes_reach_the_controller_summary(pytester, project):
+def test_xdist_workers_notes_and_numbers_reach_the_controller_summary(pytester, project):
     pytest.importorskip("xdist")
     project(n=4)
     run(pytester).assert_outcomes(passed=4)
     project(source=EVALS.format(n=4, samples=1).replace('prompt="Question', 'prompt="Q'))
     result = run(pytester, "-n", "2", "-p", "no:benchmark", "--resume")
     result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["*note: qa: starting fresh (config changed: prompt)*"])
+    result.stdout.fnmatch_lines(["qa: 4 instances, 4 items, 0 failed | 4 generated, 0 reused, 4 regenerated (request changed)*"])

@@ -117,7 +117,7 @@ def test_unknown_builtin_and_bad_num_samples():
 
 def test_template_field_missing_names_instance():
     task = EvalTask("t", [{"id": "a"}], prompt="{question}", scorer="contains")
-    with pytest.raises(EvalReplayError, match=r"needs field 'question'.*'a'"):
+    with pytest.raises(EvalReplayError, match=r"instance 'a'.*needs field 'question'"):
         task.request(task.instances[0])
 
 
