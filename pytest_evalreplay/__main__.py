@@ -1,0 +1,75 @@
+"""`python -m pytest_evalreplay compare BASE NEW`: compare two saved run dirs
+without pytest (a CI step after the eval job, or a look at two old runs).
+
+Exit status: 0 when the comparison was printed (regressions included: gating
+is the gate item's job), 2 on a bad argument, path or file (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pytest_evalreplay.compare import compare_run_dirs, render_markdown, render_text
+from pytest_evalreplay.files import atomic_write
+from pytest_evalreplay.model import EvalReplayError
+
+PROG = "python -m pytest_evalreplay"
+
+
+def _count(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="pytest-evalreplay tools that need no pytest run."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    compare = commands.add_parser(
+        "compare",
+        help="compare two saved run dirs",
+        description="Compare two run dirs written by pytest-evalreplay: each metric's difference "
+        "(NEW - BASE) with a paired 95%% interval over the instances both scored, and the "
+        "instances whose score flipped.",
+    )
+    compare.add_argument("base", type=Path, metavar="BASE", help="the run dir to compare against")
+    compare.add_argument("new", type=Path, metavar="NEW", help="the run dir to compare")
+    compare.add_argument(
+        "--markdown", type=Path, metavar="FILE", help="also write the full report (every flip) here"
+    )
+    compare.add_argument(
+        "--top", type=_count, default=20, metavar="N", help="flips listed per task (default 20)"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cmp = compare_run_dirs(args.base, args.new)
+        lines = render_text(cmp, top=args.top)
+        if args.markdown is not None:
+            atomic_write(args.markdown, render_markdown(cmp).encode())
+    except EvalReplayError as exc:
+        print(f"{PROG} compare: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    try:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `... | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
