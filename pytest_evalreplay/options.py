@@ -42,6 +42,7 @@ class Settings:
     timeout: float | None = None
     reset: bool = False
     report_reused: bool = False
+    reuse_scores: bool = False
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     in_play: bool = False  # any evalreplay option or ini key is set
 
@@ -166,6 +167,17 @@ def add_options(parser: pytest.Parser) -> None:
     )
     parser.addini(
         "evalreplay_report_reused", "report reused items instead of deselecting them (bool)", type="bool", default=False
+    )
+    group.addoption(
+        "--evalreplay-reuse-scores",
+        action="store_true",
+        default=False,
+        dest="evalreplay_reuse_scores",
+        help="with --resume, keep the saved scores of reused rollouts instead of scoring them again "
+        "(for expensive scorers; a changed scorer is then not noticed)",
+    )
+    parser.addini(
+        "evalreplay_reuse_scores", "keep saved scores of reused rollouts (bool)", type="bool", default=False
     )
     parser.addini(
         "evalreplay_progress_interval",
@@ -300,6 +312,9 @@ def resolve(config: pytest.Config) -> Settings:
         reset=bool(config.getoption("evalreplay_reset")),
         report_reused=bool(
             config.getoption("evalreplay_report_reused") or config.getini("evalreplay_report_reused")
+        ),
+        reuse_scores=bool(
+            config.getoption("evalreplay_reuse_scores") or config.getini("evalreplay_reuse_scores")
         ),
         progress_interval=_progress_interval(config),
         in_play=_in_play(config),

@@ -321,7 +321,17 @@ class EvalSession:
 
     def _score_reused(self, run: TaskRun, key: RolloutKey) -> RolloutResult:
         gen = run.decisions.reuse[key]
-        return self._score(run, key, run.recorder.index.generation(gen), gen.run)
+        index = run.recorder.index
+        if self.settings.reuse_scores:
+            saved = index.score_of(key, gen)
+            if saved is not None and saved.error is None and saved.scores is not None:
+                run.resolved.add(key)
+                generation = run.task.postprocess(index.generation(gen))
+                return RolloutResult(
+                    task=run.name, stage=key[0], instance_id=key[1], rollout=key[2],
+                    generation=generation, scores=dict(saved.scores),
+                )
+        return self._score(run, key, index.generation(gen), gen.run)
 
     def _score_run(self, run: TaskRun, key: RolloutKey) -> RolloutResult:
         rq = run.plan.request_of(key)

@@ -537,3 +537,24 @@ def test_journal_rows_of_items_the_task_does_not_have_are_ignored_naming_file_an
     result.stdout.fnmatch_lines(["note: t: ignored journal rows for items the task does not have: *t-journal.jsonl:*"])
     metrics = project.metrics()
     assert (metrics["num_items"], metrics["metrics"]) == (ITEMS, {"exact_match": 0.5})
+
+
+def test_reuse_scores_keeps_saved_scores_of_an_expensive_scorer(pytester, project):
+    source = (
+        "import os\n"
+        "from pytest_evalreplay import EvalTask\n"
+        "def expensive(text, instance):\n"
+        "    with open(os.environ['CALL_LOG'] + '.scored', 'a') as fh:\n"
+        "        fh.write(instance['id'] + '\\n')\n"
+        "    return {value}\n"
+        "t = EvalTask('t', [{{'id': 'alpha'}}, {{'id': 'beta'}}], prompt='Q {{id}}', scorer=expensive)\n"
+    )
+    project(source.format(value="0.25"))
+    run(pytester).assert_outcomes(passed=2)
+    project(source.format(value="1.0"))
+    scored = pytester.path / "calls.jsonl.scored"
+    result = run(pytester, "--resume", "--evalreplay-reuse-scores")
+    result.stdout.fnmatch_lines(["*| 0 generated, 2 reused | expensive=0.2500*"])
+    assert scored.read_text().split() == ["alpha", "beta"]  # scored once, in the first run
+    run(pytester, "--resume")
+    assert project.metrics()["metrics"] == {"expensive": 1.0}
