@@ -93,9 +93,7 @@ def _raw_stream(provider: Provider, requests: list[Request]) -> Iterator[tuple[i
 _DONE = object()
 
 
-def _watched(
-    stream: Iterator[tuple[int, object]], timeout: float
-) -> Iterator[tuple[int, object] | None]:
+def _watched(stream: Iterator[tuple[int, object]], timeout: float) -> Iterator[tuple[int, object] | None]:
     """Run a provider's stream on a daemon thread; yield its items, or None
     when nothing arrived for `timeout` seconds (the call is then abandoned:
     its thread keeps running until the provider returns or the process
@@ -243,7 +241,9 @@ def generate_events(
         pending = again
 
 
-def score_generation(task: EvalTask, instance: Instance, generation: Generation) -> tuple[dict[str, float] | None, str | None]:
+def score_generation(
+    task: EvalTask, instance: Instance, generation: Generation
+) -> tuple[dict[str, float] | None, str | None]:
     """The task's scores of one (post-processed) generation, or the error:
     a scorer that raises, or returns anything but finite numbers, fails
     that rollout naming the value, never a score of 0."""
@@ -274,8 +274,12 @@ def run_requests(
         if isinstance(event, Failed):
             if event.failure.final:
                 results.extend(
-                    RolloutResult(**base, rollout=r, error=event.failure.message,
-                                  failure_class=event.failure.failure_class)
+                    RolloutResult(
+                        **base,
+                        rollout=r,
+                        error=event.failure.message,
+                        failure_class=event.failure.failure_class,
+                    )
                     for r in request.rollouts
                 )
             continue

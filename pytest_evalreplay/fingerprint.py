@@ -1,12 +1,18 @@
-"""Config fingerprints: a stable hash of everything that changes results.
+"""Config fingerprints: a stable hash of a configuration, and the names of
+what changed between two.
 
-The journal stores the config beside its hash, so a changed configuration is
-not only detected but named ("config changed: sampling.temperature").
+Plain tasks are reused by content (the request as sent, see planning.py);
+fingerprints cover what content cannot show: a multi-stage eval's stage
+configuration and its judge. The journal stores the config beside its hash,
+so a change is not only detected but named ("config changed: stages.3.references").
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,3 +67,42 @@ def describe_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     shown = ", ".join(fields[:3])
     more = f" and {len(fields) - 3} more" if len(fields) > 3 else ""
     return f"config changed: {shown}{more}"
+
+
+def callable_identity(fn: Any) -> Any:
+    """A stable identity for a callable: its name plus a hash of its source,
+    so editing it changes the fingerprint. Partials and callable objects are
+    named by what they wrap; nothing that prints a memory address is hashed,
+    so the identity is the same in every process."""
+    if isinstance(fn, functools.partial):
+        return {
+            "partial": callable_identity(fn.func),
+            "args": stable(fn.args),
+            "keywords": stable(fn.keywords),
+        }
+    if inspect.ismethod(fn):
+        return {"method": callable_identity(fn.__func__), "self": callable_identity(fn.__self__)}
+    if not (inspect.isfunction(fn) or inspect.isclass(fn) or inspect.isbuiltin(fn)):
+        state = dataclasses.asdict(fn) if dataclasses.is_dataclass(fn) else getattr(fn, "__dict__", {})
+        return {"object": callable_identity(type(fn)), "state": stable(state)}
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return {"callable": name}
+    return {"callable": name, "source_sha256": hashlib.sha256(source.encode()).hexdigest()}
+
+
+def stable(value: Any) -> Any:
+    """Plain data as it is; callables by identity; anything else by type name."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): stable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [stable(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((stable(v) for v in value), key=repr)
+    if callable(value):
+        return callable_identity(value)
+    return {"type": f"{type(value).__module__}.{type(value).__qualname__}"}

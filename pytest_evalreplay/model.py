@@ -122,7 +122,6 @@ class Generation:
             metadata=metadata,
         )
 
-
     def problem(self) -> str | None:
         """What is wrong with a generation a provider handed back, or None.
 

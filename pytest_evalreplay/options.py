@@ -166,7 +166,10 @@ def add_options(parser: pytest.Parser) -> None:
         "the terminal and JUnit XML) instead of deselecting them; costs pytest's per-item overhead",
     )
     parser.addini(
-        "evalreplay_report_reused", "report reused items instead of deselecting them (bool)", type="bool", default=False
+        "evalreplay_report_reused",
+        "report reused items instead of deselecting them (bool)",
+        type="bool",
+        default=False,
     )
     group.addoption(
         "--evalreplay-reuse-scores",
@@ -220,7 +223,9 @@ def _progress_interval(config: pytest.Config) -> float:
     except ValueError:
         value = -1.0
     if not (0 <= value < float("inf")):
-        raise pytest.UsageError(f"ini evalreplay_progress_interval must be a number of seconds >= 0, got {raw!r}")
+        raise pytest.UsageError(
+            f"ini evalreplay_progress_interval must be a number of seconds >= 0, got {raw!r}"
+        )
     return value
 
 

@@ -104,7 +104,9 @@ class EvalReplayPlugin:
         workerinput = getattr(config, "workerinput", None)
         worker = None
         if workerinput is not None:
-            worker = WorkerInfo(int(workerinput.get("workerid", "gw0")[2:] or 0), workerinput.get("workercount", 1))
+            worker = WorkerInfo(
+                int(workerinput.get("workerid", "gw0")[2:] or 0), workerinput.get("workercount", 1)
+            )
         session = EvalSession(
             settings=settings,
             output=lambda: output_dir(config, settings),
@@ -224,7 +226,11 @@ class EvalReplayPlugin:
         failed = sum(len(r.decisions.failed) for r in runs)
         parts = [plural(len(self.session.runs), "task"), f"{run:,} to run"]
         if reused:
-            how = "reported skipped" if self.settings.report_reused or hasattr(config, "workerinput") else "deselected"
+            how = (
+                "reported skipped"
+                if self.settings.report_reused or hasattr(config, "workerinput")
+                else "deselected"
+            )
             parts.append(f"{reused:,} reused from the journal ({how})")
         if failed:
             parts.append(f"{failed:,} failed for good before")

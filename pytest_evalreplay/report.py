@@ -152,7 +152,9 @@ class TerminalProgress:
         self.enabled = self.tr is not None and not quiet and not replay
         self.tty = bool(self.tr is not None and getattr(self.tr, "isatty", False))
         self.interval = TTY_INTERVAL if self.tty else interval
-        self._state: dict[str, tuple[float, float, int, int]] = {}  # task -> (start, last shown, req, samples)
+        self._state: dict[
+            str, tuple[float, float, int, int]
+        ] = {}  # task -> (start, last shown, req, samples)
 
     def start(self, task: str, requests: int, samples: int) -> None:
         now = time.monotonic()
@@ -166,7 +168,9 @@ class TerminalProgress:
         if now - last < self.interval:
             return
         self._state[task] = (start, now, total, total_samples)
-        self._show(self._line(task, now - start, requests, total, samples, total_samples, failures, tokens), False)
+        self._show(
+            self._line(task, now - start, requests, total, samples, total_samples, failures, tokens), False
+        )
 
     def end(self, task: str) -> None:
         state = self._state.pop(task, None)
@@ -175,7 +179,14 @@ class TerminalProgress:
 
     @staticmethod
     def _line(
-        task: str, elapsed: float, done: int, total: int, samples: int, total_samples: int, failures: int, tokens: int
+        task: str,
+        elapsed: float,
+        done: int,
+        total: int,
+        samples: int,
+        total_samples: int,
+        failures: int,
+        tokens: int,
     ) -> str:
         rate = f", {tokens / elapsed:,.0f} tok/s" if tokens and elapsed > 0 else ""
         eta = ""

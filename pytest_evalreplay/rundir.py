@@ -45,9 +45,7 @@ def _jsonl(rows: Iterable[Mapping[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows)
 
 
-def request_row(
-    instance_id: str, stage: int, content: Mapping[str, Any], num_samples: int
-) -> dict[str, Any]:
+def request_row(instance_id: str, stage: int, content: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
     """The contract's requests row, from a journaled request's content."""
     row: dict[str, Any] = {
         "instance_id": instance_id,
@@ -159,7 +157,9 @@ def remove_task_files(directory: Path, task: str) -> None:
             raise os_error(path, exc, "remove") from None
 
 
-def write_manifest(directory: Path, model: str | None, provider: Mapping[str, Any], tasks: Iterable[str]) -> None:
+def write_manifest(
+    directory: Path, model: str | None, provider: Mapping[str, Any], tasks: Iterable[str]
+) -> None:
     """Merge this run's tasks into manifest.json (the caller holds the manifest lock)."""
     path = directory / "manifest.json"
     remove_stale_temporaries(directory, ".manifest.json.")
@@ -248,7 +248,9 @@ class SessionLock:
             return "holder unknown"
         if not isinstance(doc, dict):
             return "holder unknown"
-        return f"pid {doc.get('pid')} on {doc.get('host')}, started {doc.get('started')}, run {doc.get('run')}"
+        return (
+            f"pid {doc.get('pid')} on {doc.get('host')}, started {doc.get('started')}, run {doc.get('run')}"
+        )
 
     def check_held_by_run(self) -> None:
         """An xdist worker: the controller of this run must hold the lock."""

@@ -328,8 +328,12 @@ class EvalSession:
                 run.resolved.add(key)
                 generation = run.task.postprocess(index.generation(gen))
                 return RolloutResult(
-                    task=run.name, stage=key[0], instance_id=key[1], rollout=key[2],
-                    generation=generation, scores=dict(saved.scores),
+                    task=run.name,
+                    stage=key[0],
+                    instance_id=key[1],
+                    rollout=key[2],
+                    generation=generation,
+                    scores=dict(saved.scores),
                 )
         return self._score(run, key, index.generation(gen), gen.run)
 
@@ -347,7 +351,12 @@ class EvalSession:
             message = fail.failure.message if fail else "no result was recorded for this rollout"
             cls = fail.failure.failure_class if fail else "retryable"
             return RolloutResult(
-                task=run.name, stage=key[0], instance_id=key[1], rollout=key[2], error=message, failure_class=cls
+                task=run.name,
+                stage=key[0],
+                instance_id=key[1],
+                rollout=key[2],
+                error=message,
+                failure_class=cls,
             )
         return self._score(run, key, index.generation(gen), gen.run)
 
@@ -381,7 +390,9 @@ class EvalSession:
                 out[rk] = missing
         return out
 
-    def _prior_attempts(self, run: TaskRun, todo: Mapping[RequestKey, tuple[int, ...]]) -> dict[RequestKey, int]:
+    def _prior_attempts(
+        self, run: TaskRun, todo: Mapping[RequestKey, tuple[int, ...]]
+    ) -> dict[RequestKey, int]:
         """Attempts already made at each request (this run's; with --resume, earlier runs' too)."""
         out: dict[RequestKey, int] = {}
         index = run.recorder.index
@@ -450,7 +461,9 @@ class EvalSession:
             # A provider that exits stops the session like Ctrl-C would: what was
             # committed stays, the rest runs again on --resume.
             recorder.flush()
-            raise ProviderExit(f"the provider raised SystemExit({exc.code!r}); stopping the session") from None
+            raise ProviderExit(
+                f"the provider raised SystemExit({exc.code!r}); stopping the session"
+            ) from None
         finally:
             self.progress.end(run.name)
         recorder.flush()

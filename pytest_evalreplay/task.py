@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import hashlib
-import inspect
-import os
 import math
 import numbers
+import os
 import re
 import string
 import sys
@@ -144,7 +140,9 @@ class _CheckedFormatter(string.Formatter):
 
     def format_field(self, value: Any, format_spec: str) -> Any:
         if callable(value):
-            raise ValueError(f"resolves to {type(value).__name__} {getattr(value, '__name__', '')!r}, not a value")
+            raise ValueError(
+                f"resolves to {type(value).__name__} {getattr(value, '__name__', '')!r}, not a value"
+            )
         return super().format_field(value, format_spec)
 
 
@@ -167,45 +165,6 @@ def render_template(template: str, instance: Mapping[str, Any], where: str) -> s
         ) from None
     except (ValueError, AttributeError, TypeError) as exc:
         raise EvalReplayError(f"{where}: the prompt template cannot be rendered: {exc}") from None
-
-
-def _callable_identity(fn: Any) -> Any:
-    """A stable identity for a callable: its name plus a hash of its source,
-    so editing it changes the fingerprint. Partials and callable objects are
-    named by what they wrap; nothing that prints a memory address is hashed,
-    so the identity is the same in every process."""
-    if isinstance(fn, functools.partial):
-        return {
-            "partial": _callable_identity(fn.func),
-            "args": _stable(fn.args),
-            "keywords": _stable(fn.keywords),
-        }
-    if inspect.ismethod(fn):
-        return {"method": _callable_identity(fn.__func__), "self": _callable_identity(fn.__self__)}
-    if not (inspect.isfunction(fn) or inspect.isclass(fn) or inspect.isbuiltin(fn)):
-        state = dataclasses.asdict(fn) if dataclasses.is_dataclass(fn) else getattr(fn, "__dict__", {})
-        return {"object": _callable_identity(type(fn)), "state": _stable(state)}
-    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return {"callable": name}
-    return {"callable": name, "source_sha256": hashlib.sha256(source.encode()).hexdigest()}
-
-
-def _stable(value: Any) -> Any:
-    """Plain data as it is; callables by identity; anything else by type name."""
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _stable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_stable(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((_stable(v) for v in value), key=repr)
-    if callable(value):
-        return _callable_identity(value)
-    return {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
 
 
 def _caller() -> tuple[Path | None, int]:
@@ -252,7 +211,9 @@ class EvalTask:
         self.target = target
         self.system_prompt = system_prompt
         if type(num_samples) is not int or num_samples < 1:
-            raise EvalReplayError(f"task {name!r}: num_samples must be a positive integer, got {num_samples!r}")
+            raise EvalReplayError(
+                f"task {name!r}: num_samples must be a positive integer, got {num_samples!r}"
+            )
         self.num_samples = num_samples
         self.sampling = validate_sampling(sampling, f"task {name!r}")
         self.strip_reasoning = strip_reasoning
@@ -282,7 +243,9 @@ class EvalTask:
         try:
             context = self.prompt(instance)
         except Exception as exc:
-            raise EvalReplayError(f"{where}: the prompt callable raised {type(exc).__name__}: {exc}") from None
+            raise EvalReplayError(
+                f"{where}: the prompt callable raised {type(exc).__name__}: {exc}"
+            ) from None
         if isinstance(context, str):
             return context
         if isinstance(context, list) and all(
@@ -363,33 +326,6 @@ class EvalTask:
         if isinstance(value, Mapping):
             return {str(k): _as_float(v, self.name, k) for k, v in value.items()}
         return {self.scorer_name: _as_float(value, self.name, self.scorer_name)}
-
-    # -- identity ----------------------------------------------------------
-
-    def config(self) -> dict[str, Any]:
-        """Everything of the task that changes results, as plain data for the fingerprint."""
-        instances_hash = hashlib.sha256(
-            orjson.dumps(self.instances, option=orjson.OPT_SORT_KEYS, default=repr)
-        ).hexdigest()
-        if isinstance(self.prompt, str):
-            prompt: Any = self.prompt
-        else:
-            prompt = _callable_identity(self.prompt)
-        if isinstance(self.scorer, BUILTIN_TYPES):
-            scorer: Any = {"builtin": type(self.scorer).__name__, **dataclasses.asdict(self.scorer)}
-        else:
-            scorer = _callable_identity(self.scorer)
-        target = _callable_identity(self.target) if callable(self.target) else self.target
-        return {
-            "instances": instances_hash,
-            "prompt": prompt,
-            "system_prompt": self.system_prompt,
-            "scorer": scorer,
-            "target": target,
-            "num_samples": self.num_samples,
-            "sampling": self.sampling,
-            "strip_reasoning": self.strip_reasoning,
-        }
 
     # -- running without pytest -------------------------------------------
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy  # noqa: F401
 import pytest
-import scipy.special  # noqa: F401
+import scipy.special
 import scipy.stats  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -145,7 +145,9 @@ class Project:
         return [(f["instance_id"], f["attempt"], f["failure_class"], f["final"]) for f in rows]
 
     def done_rows(self, task: str) -> list[tuple[int, str, int]]:
-        return [(r["stage"], r["instance_id"], r["rollout"]) for r in self.journal(task) if r["type"] == "gen"]
+        return [
+            (r["stage"], r["instance_id"], r["rollout"]) for r in self.journal(task) if r["type"] == "gen"
+        ]
 
 
 def same_file(a: Path, b: Path) -> bool:

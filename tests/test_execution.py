@@ -120,7 +120,10 @@ def test_wrong_shaped_provider_output_is_an_error_per_request():
 def test_a_badly_typed_generation_fails_that_request_naming_the_field(generation, field):
     class Bad:
         def generate(self, requests):
-            return [[generation, generation] if r.instance_id == "i1" else [Generation("ok")] * 2 for r in requests]
+            return [
+                [generation, generation] if r.instance_id == "i1" else [Generation("ok")] * 2
+                for r in requests
+            ]
 
     results = run_requests(make_task(), Bad(), requests())
     bad = [r for r in results if r.instance_id == "i1"]

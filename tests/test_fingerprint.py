@@ -12,8 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_evalreplay import EvalTask
-from pytest_evalreplay.fingerprint import canonical, changed_fields, describe_change, fingerprint
+from pytest_evalreplay.fingerprint import (
+    callable_identity,
+    canonical,
+    changed_fields,
+    describe_change,
+    fingerprint,
+)
 
 keys = st.text(min_size=1, max_size=6)
 leaves = (
@@ -148,7 +153,7 @@ object_scorer = Scorer()
 
 
 @pytest.mark.parametrize("name", ["partial_scorer", "object_scorer"])
-def test_a_scorer_without_source_of_its_own_fingerprints_the_same_in_every_process(tmp_path, name):
+def test_a_callable_without_source_of_its_own_is_identified_the_same_in_every_process(tmp_path, name):
     # Importing the same file twice stands in for two processes importing it.
     (tmp_path / "scorers_mod.py").write_text(SCORERS)
     configs = []
@@ -156,5 +161,5 @@ def test_a_scorer_without_source_of_its_own_fingerprints_the_same_in_every_proce
         spec = importlib.util.spec_from_file_location("scorers_mod", tmp_path / "scorers_mod.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        configs.append(EvalTask("t", [{"id": "a"}], prompt="{id}", scorer=getattr(module, name)).config())
+        configs.append({"judge": callable_identity(getattr(module, name))})
     assert changed_fields(configs[0], configs[1]) == []

@@ -117,7 +117,9 @@ def test_a_malformed_line_that_was_finished_is_an_error_naming_file_and_line(tmp
     path = write(tmp_path, [gen("q0")])
     with path.open("ab") as fh:
         fh.write(b"{not json}\n")
-    with pytest.raises(EvalReplayError, match=r"t-journal\.jsonl:3: malformed journal line.*--evalreplay-reset"):
+    with pytest.raises(
+        EvalReplayError, match=r"t-journal\.jsonl:3: malformed journal line.*--evalreplay-reset"
+    ):
         JournalIndex.read(tmp_path, "t")
 
 
@@ -130,8 +132,15 @@ def test_a_malformed_line_that_was_finished_is_an_error_naming_file_and_line(tmp
         ({**gen(), "generation": {"text": 3}}, "'generation' object with a 'text'"),
         ({**gen(), "run": None}, "string 'run'"),
         (
-            {"type": "score", "stage": 1, "instance_id": "q0", "rollout": 0, "of": "r1", "run": "r1",
-             "scores": {"acc": float("nan")}},
+            {
+                "type": "score",
+                "stage": 1,
+                "instance_id": "q0",
+                "rollout": 0,
+                "of": "r1",
+                "run": "r1",
+                "scores": {"acc": float("nan")},
+            },
             "finite numbers",
         ),
         ({**fail(), "attempt": -1}, "not a valid failure row"),

@@ -320,4 +320,6 @@ def test_xdist_workers_notes_and_numbers_reach_the_controller_summary(pytester, 
     project(source=EVALS.format(n=4, samples=1).replace('prompt="Question', 'prompt="Q'))
     result = run(pytester, "-n", "2", "-p", "no:benchmark", "--resume")
     result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["qa: 4 instances, 4 items, 0 failed | 4 generated, 0 reused, 4 regenerated (request changed)*"])
+    result.stdout.fnmatch_lines(
+        ["qa: 4 instances, 4 items, 0 failed | 4 generated, 0 reused, 4 regenerated (request changed)*"]
+    )

@@ -145,7 +145,10 @@ def journal_rows(project, kind: str, out: str = "run") -> list[dict]:
 
 
 def fail_rows(project, out: str = "run") -> list[tuple[str, int, str, bool]]:
-    return [(f["instance_id"], f["attempt"], f["failure_class"], f["final"]) for f in journal_rows(project, "fail", out)]
+    return [
+        (f["instance_id"], f["attempt"], f["failure_class"], f["final"])
+        for f in journal_rows(project, "fail", out)
+    ]
 
 
 # -- what decides reuse: the request as sent, and the provider ------------------------
@@ -153,9 +156,19 @@ def fail_rows(project, out: str = "run") -> list[tuple[str, int, str, bool]]:
 # field changed -> (fields before, fields after, extra args, rollouts asked again)
 REGENERATE = {
     "prompt template": ({}, {"prompt": '"Q: {id}"'}, ()),
-    "prompt callable's source": ({"prompt": "ask"}, {"prompt": "ask", "ask_body": '"Q: " + instance["id"]'}, ()),
-    "instance field the prompt reads": ({"prompt": '"Question {id} {alt}"'}, {"prompt": '"Question {id} {alt}"',
-        "instances": BASE["instances"].replace('"x"', '"x2"').replace('"y"', '"y2"')}, ()),
+    "prompt callable's source": (
+        {"prompt": "ask"},
+        {"prompt": "ask", "ask_body": '"Q: " + instance["id"]'},
+        (),
+    ),
+    "instance field the prompt reads": (
+        {"prompt": '"Question {id} {alt}"'},
+        {
+            "prompt": '"Question {id} {alt}"',
+            "instances": BASE["instances"].replace('"x"', '"x2"').replace('"y"', '"y2"'),
+        },
+        (),
+    ),
     "system prompt": ({}, {"system_prompt": '"Answer briefly."'}, ()),
     "sampling temperature": ({}, {"sampling": '{"temperature": 0.7, "max_tokens": 16}'}, ()),
     "sampling top_p": ({}, {"sampling": '{"temperature": 0.0, "max_tokens": 16, "top_p": 0.9}'}, ()),
@@ -174,7 +187,11 @@ def test_a_changed_request_or_provider_regenerates_and_says_why(pytester, projec
     result = run(pytester, "--resume", *args)
     result.assert_outcomes(passed=ITEMS)
     why = "provider changed" if case.startswith("provider") else "request changed"
-    result.stdout.fnmatch_lines([f"t: 2 instances, {ITEMS} items, 0 failed | {ITEMS} generated, 0 reused, {ITEMS} regenerated ({why})*"])
+    result.stdout.fnmatch_lines(
+        [
+            f"t: 2 instances, {ITEMS} items, 0 failed | {ITEMS} generated, 0 reused, {ITEMS} regenerated ({why})*"
+        ]
+    )
     assert len(project.asked()) == first + ITEMS
 
 
@@ -211,7 +228,9 @@ def test_editing_a_helper_the_scorer_calls_rescores_without_generating(pytester,
     assert project.metrics()["metrics"] == {"score": 0.0}
     project(source.format(value="1.0"))
     result = run(pytester, "--resume")
-    result.stdout.fnmatch_lines(["*t: 2 instances, 2 items, 0 failed | 0 generated, 2 reused | score=1.0000*"])
+    result.stdout.fnmatch_lines(
+        ["*t: 2 instances, 2 items, 0 failed | 0 generated, 2 reused | score=1.0000*"]
+    )
     assert len(project.asked()) == 2
     assert project.metrics()["metrics"] == {"score": 1.0}
     assert [p["scores"] for p in project.rows("t-predictions.jsonl")] == [{"score": 1.0}] * 2
@@ -281,7 +300,9 @@ def test_resume_deselects_reused_items_and_counts_them(pytester, project):
     )
     assert len(project.asked()) == ITEMS
     again = project.metrics()
-    assert {k: v for k, v in again.items() if k != "session"} == {k: v for k, v in metrics.items() if k != "session"}
+    assert {k: v for k, v in again.items() if k != "session"} == {
+        k: v for k, v in metrics.items() if k != "session"
+    }
 
 
 def test_report_reused_keeps_reused_items_as_skipped_with_their_scores(pytester, project):
@@ -360,7 +381,10 @@ def test_a_full_run_without_resume_starts_the_journal_afresh(pytester, project):
     rows = project.rows("t-journal.jsonl")
     assert rows[0]["run"] != first[0]["run"]
     assert sorted((r["instance_id"], r["rollout"]) for r in rows if r["type"] == "gen") == [
-        ("a", 0), ("a", 1), ("b", 0), ("b", 1)
+        ("a", 0),
+        ("a", 1),
+        ("b", 0),
+        ("b", 1),
     ]
     assert fail_rows(project) == []
     assert project.asked().count(("a", 0)) == 2
@@ -534,7 +558,9 @@ def test_journal_rows_of_items_the_task_does_not_have_are_ignored_naming_file_an
         fh.write(b"".join(orjson.dumps(r) + b"\n" for r in bad))
     result = run(pytester, "--resume")
     result.assert_outcomes(passed=0)
-    result.stdout.fnmatch_lines(["note: t: ignored journal rows for items the task does not have: *t-journal.jsonl:*"])
+    result.stdout.fnmatch_lines(
+        ["note: t: ignored journal rows for items the task does not have: *t-journal.jsonl:*"]
+    )
     metrics = project.metrics()
     assert (metrics["num_items"], metrics["metrics"]) == (ITEMS, {"exact_match": 0.5})
 

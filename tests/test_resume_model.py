@@ -108,7 +108,16 @@ class ResumeModel(RuleBasedStateMachine):
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("KILL_", "PYTEST_ADDOPTS"))}
         environ.update(env, CALL_LOG=str(self.log), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-        cmd = [sys.executable, "-B", "-m", "pytest", "-p", "pytest_evalreplay.plugin", "-p", "no:cacheprovider"]
+        cmd = [
+            sys.executable,
+            "-B",
+            "-m",
+            "pytest",
+            "-p",
+            "pytest_evalreplay.plugin",
+            "-p",
+            "no:cacheprovider",
+        ]
         cmd += ["--evalreplay-provider=echo", "--evalreplay-output=out", "-q", *args]
         return subprocess.run(cmd, cwd=self.dir, env=environ, capture_output=True, text=True, timeout=120)
 
@@ -186,7 +195,11 @@ class ResumeModel(RuleBasedStateMachine):
         held = self.held()
         preds_path = out / "t-predictions.jsonl"
         rows = [orjson.loads(x) for x in preds_path.read_bytes().splitlines()] if preds_path.exists() else []
-        got = {(r["instance_id"], k): g["text"] for r in rows for k, g in zip(r.get("rollouts", range(SAMPLES)), r["generations"])}
+        got = {
+            (r["instance_id"], k): g["text"]
+            for r in rows
+            for k, g in zip(r.get("rollouts", range(SAMPLES)), r["generations"])
+        }
         want = {(iid, r): f"{self.prompt} {iid} -> r{r}" for iid, r in held}
         assert got == want
         metrics = orjson.loads((out / "t-metrics.json").read_bytes())
@@ -200,7 +213,9 @@ class ResumeModel(RuleBasedStateMachine):
             assert metrics["metrics"] == {}
         assert metrics["num_missing"] == len(KEYS) - len(held)
         requests = [orjson.loads(x) for x in (out / "t-requests.jsonl").read_bytes().splitlines()]
-        assert {r["instance_id"]: r["context"] for r in requests} == {iid: f"{self.prompt} {iid}" for iid, _ in held}
+        assert {r["instance_id"]: r["context"] for r in requests} == {
+            iid: f"{self.prompt} {iid}" for iid, _ in held
+        }
 
 
 ResumeModel.TestCase.settings = settings(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_evalreplay import EvalReplayError, EvalTask, Generation, GenerationError, scorers
+from pytest_evalreplay.fingerprint import callable_identity
 
 
 class Echo:
@@ -121,19 +122,18 @@ def test_template_field_missing_names_instance():
         task.request(task.instances[0])
 
 
-def test_config_changes_with_callable_source():
+def test_a_callable_is_identified_by_its_source():
     def s1(text, inst):
         return 1.0
 
     def s2(text, inst):
         return 0.0
 
-    a = EvalTask("t", [{"id": "a"}], prompt="x", scorer=s1).config()
-    b = EvalTask("t", [{"id": "a"}], prompt="x", scorer=s2).config()
-    assert a["scorer"] != b["scorer"] and a["instances"] == b["instances"]
+    assert callable_identity(s1) != callable_identity(s2)
+    assert callable_identity(s1) == callable_identity(s1)
 
 
-def test_partial_and_object_scorers_are_fingerprinted_by_what_they_wrap():
+def test_partial_and_object_callables_are_identified_by_what_they_wrap():
     import functools
 
     def weighted(text, inst, weight=1.0):
@@ -146,9 +146,7 @@ def test_partial_and_object_scorers_are_fingerprinted_by_what_they_wrap():
         def __call__(self, text, inst):
             return 1.0
 
-    def config(scorer):
-        return EvalTask("t", [{"id": "a"}], prompt="x", scorer=scorer).config()["scorer"]
-
+    config = callable_identity
     assert config(functools.partial(weighted, weight=2.0)) == config(functools.partial(weighted, weight=2.0))
     assert config(functools.partial(weighted, weight=2.0)) != config(functools.partial(weighted, weight=3.0))
     assert config(Scorer(0.5)) == config(Scorer(0.5))

@@ -123,7 +123,11 @@ def test_a_gate_selected_alone_judges_what_the_journal_holds(pytester, project):
 
 
 def test_under_exitfirst_the_summary_and_metrics_json_agree(pytester, project):
-    project.make(source=EVALS.format(n=6, samples=2).replace("return float", "assert instance['id'] != 'i4'\n    return float"))
+    project.make(
+        source=EVALS.format(n=6, samples=2).replace(
+            "return float", "assert instance['id'] != 'i4'\n    return float"
+        )
+    )
     result = run(pytester, "-x")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     metrics = project.metrics()
@@ -193,7 +197,11 @@ def test_replaying_the_default_output_dir_into_itself_is_refused(pytester, proje
 
 
 def test_a_generation_whose_scorer_raised_is_still_saved_in_the_run_dir(pytester, project):
-    project.make(source=EVALS.format(n=3, samples=1).replace("return float", "assert instance['id'] != 'i1'\n    return float"))
+    project.make(
+        source=EVALS.format(n=3, samples=1).replace(
+            "return float", "assert instance['id'] != 'i1'\n    return float"
+        )
+    )
     result = run(pytester)
     result.assert_outcomes(passed=2, failed=2)
     saved = {r["instance_id"]: r for r in project.rows("t-predictions.jsonl")}
@@ -209,23 +217,32 @@ def test_a_generation_whose_scorer_raised_is_still_saved_in_the_run_dir(pytester
 
 
 def test_a_nan_score_fails_its_item_naming_the_value_and_the_run_dir_is_written(pytester, project):
-    project.make(source=EVALS.format(n=3, samples=1).replace(
-        "return float(", "return float('nan') if instance['id'] == 'i2' else float("))
+    project.make(
+        source=EVALS.format(n=3, samples=1).replace(
+            "return float(", "return float('nan') if instance['id'] == 'i2' else float("
+        )
+    )
     result = run(pytester)
     result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(["*t i2[[]s1-r0[]]: scorer returned nan for 'score'; scores must be finite*"])
     metrics = project.metrics()
     assert metrics["failed"] == ["i2[s1-r0]"] and metrics["metrics"] == {"score": 0.5}
     result = run(pytester, "--resume")
-    assert result.ret == pytest.ExitCode.TESTS_FAILED  # the scorer still says nan: still a failure, not a usage error
+    assert (
+        result.ret == pytest.ExitCode.TESTS_FAILED
+    )  # the scorer still says nan: still a failure, not a usage error
 
 
-@pytest.mark.parametrize(("iid", "field"), [("none0", "'text' must be a string"), ("strtok0", "'prompt_tokens'")])
+@pytest.mark.parametrize(
+    ("iid", "field"), [("none0", "'text' must be a string"), ("strtok0", "'prompt_tokens'")]
+)
 def test_a_badly_typed_generation_fails_that_request_not_scored_zero(pytester, project, iid, field):
-    project.make(source=f"""
+    project.make(
+        source=f"""
 from pytest_evalreplay import EvalTask
 t = EvalTask("t", [{{"id": "{iid}"}}, {{"id": "ok"}}], prompt="Q {{id}}", scorer=lambda text, i: 1.0)
-""")
+"""
+    )
     result = run(pytester)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([f"*t {iid}[[]s1-r0[]]: provider returned a bad Generation*{field}*"])
@@ -250,11 +267,13 @@ def test_xdist_generates_each_rollout_once_under_every_dist_mode(pytester, proje
 
 def test_xdist_copes_with_instance_ids_holding_colons(pytester, project):
     pytest.importorskip("xdist")
-    project.make(source="""
+    project.make(
+        source="""
 from pytest_evalreplay import EvalTask
 t = EvalTask("t", [{"id": f"doc:{n}:q"} for n in range(8)], prompt="Q {id}", scorer=lambda text, i: 1.0,
              num_samples=2)
-""")
+"""
+    )
     result = run(pytester, "-n", "2")
     result.assert_outcomes(passed=16)
     asked = project.asked()
