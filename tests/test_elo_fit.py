@@ -92,6 +92,7 @@ def test_tabulate_is_independent_of_row_order() -> None:
     ("row", "words"),
     [
         (("t", "nobody", 1.0), ["reference 'nobody'", "r1000, r1150"]),
+        (("t", ["r1000"], 1.0), ["reference ['r1000']"]),
         (("t", "r1000", 0.7), ["score 0.7", "1 (win), 0.5 (tie) or 0 (loss)"]),
         (("t", "r1000", math.nan), ["score nan"]),
         (("t", "r1000", "1"), ["score '1'"]),
