@@ -516,7 +516,7 @@ def compare_ratings(
     alike and cancels from the drop. The p-value, one-sided for "current is
     lower", is the bootstrap share of drops <= 0 (with the +1 correction,
     never 0), mapped through the same small-sample expansion as the interval,
-    so p < 0.025 exactly when the interval lies above 0. Fewer than 2 shared
+    so that p < 0.025 goes with an interval above 0. Fewer than 2 shared
     tasks cannot show a significant drop: p = 1.
     """
     _check_bootstrap(n_boot, seed)
