@@ -117,13 +117,21 @@ class JudgmentTable:
         index = {t: i for i, t in enumerate(self.task_ids)}
         keep = sorted(set(task_ids))
         outcomes = self.outcomes[np.array([index[t] for t in keep], dtype=np.intp)]
-        judged = np.flatnonzero(outcomes.sum(axis=(0, 2)))
-        return JudgmentTable(
-            task_ids=tuple(keep),
-            references=tuple(self.references[j] for j in judged),
-            elos=self.elos[judged],
-            outcomes=np.ascontiguousarray(outcomes[:, judged]),
-        )
+        return _judged_table(keep, self.references, self.elos, outcomes)
+
+
+def _judged_table(
+    task_ids: Sequence[str], references: Sequence[str], elos: np.ndarray, outcomes: np.ndarray
+) -> JudgmentTable:
+    """The table of the tasks and references with at least one judgment."""
+    tasks = np.flatnonzero(outcomes.sum(axis=(1, 2)))
+    refs = np.flatnonzero(outcomes.sum(axis=(0, 2)))
+    return JudgmentTable(
+        task_ids=tuple(task_ids[i] for i in tasks),
+        references=tuple(references[j] for j in refs),
+        elos=np.asarray(elos, dtype=float)[refs],
+        outcomes=np.ascontiguousarray(outcomes[np.ix_(tasks, refs)]),
+    )
 
 
 @dataclass(frozen=True)
@@ -210,7 +218,7 @@ def tabulate(rows: Iterable[Sequence[Any]], references: Mapping[str, float]) -> 
     try:
         ref_codes = np.fromiter(map(ref_index.__getitem__, map(itemgetter(1), rows)), np.int64, len(rows))
     except (KeyError, TypeError):
-        at = next(i for i, row in enumerate(rows) if row[1] not in ref_index)
+        at = next(i for i, row in enumerate(rows) if not isinstance(row[1], str) or row[1] not in ref_index)
         raise EvalReplayError(
             f"judgment row {at} (task {rows[at][0]!r}) names reference {rows[at][1]!r}, which is not among "
             f"the references ({', '.join(names)}); judge only against the configured references"
@@ -229,13 +237,7 @@ def tabulate(rows: Iterable[Sequence[Any]], references: Mapping[str, float]) -> 
     num_tasks, num_refs = len(sorted_tasks), len(names)
     cell = (task_codes * num_refs + ref_codes) * 3 + outcome
     outcomes = np.bincount(cell, minlength=num_tasks * num_refs * 3).reshape(num_tasks, num_refs, 3)
-    judged = np.flatnonzero(outcomes.sum(axis=(0, 2)))
-    return JudgmentTable(
-        task_ids=tuple(sorted_tasks),
-        references=tuple(names[j] for j in judged),
-        elos=np.array([elo_of[names[j]] for j in judged]),
-        outcomes=np.ascontiguousarray(outcomes[:, judged]),
-    )
+    return _judged_table(sorted_tasks, names, np.array([elo_of[n] for n in names]), outcomes)
 
 
 # --- the fit -------------------------------------------------------------------------------------
@@ -514,7 +516,7 @@ def compare_ratings(
     alike and cancels from the drop. The p-value, one-sided for "current is
     lower", is the bootstrap share of drops <= 0 (with the +1 correction,
     never 0), mapped through the same small-sample expansion as the interval,
-    so p < 0.025 exactly when the interval lies above 0. Fewer than 2 shared
+    so that p < 0.025 goes with an interval above 0. Fewer than 2 shared
     tasks cannot show a significant drop: p = 1.
     """
     _check_bootstrap(n_boot, seed)
@@ -702,11 +704,4 @@ def table_from_json(data: Any, source: str) -> JudgmentTable:
             if ref not in ref_index:
                 raise EvalReplayError(f"{source}: task {task!r} names reference {ref!r}, which has no rating")
             outcomes[i, ref_index[ref]] = record[::-1]
-    tasks = np.flatnonzero(outcomes.sum(axis=(1, 2)))
-    judged = np.flatnonzero(outcomes.sum(axis=(0, 2)))
-    return JudgmentTable(
-        task_ids=tuple(task_ids[i] for i in tasks),
-        references=tuple(names[j] for j in judged),
-        elos=np.array([elo_of[names[j]] for j in judged]),
-        outcomes=np.ascontiguousarray(outcomes[np.ix_(tasks, judged)]),
-    )
+    return _judged_table(task_ids, names, np.array([elo_of[n] for n in names]), outcomes)
