@@ -1,7 +1,7 @@
 """pytest-evalreplay: LLM evaluations as pytest suites, resumable, replayable
 and gate-able in CI."""
 
-from pytest_evalreplay import scorers
+from pytest_evalreplay import judges, scorers
 from pytest_evalreplay.gates import Gate
 from pytest_evalreplay.model import (
     EvalReplayError,
@@ -12,9 +12,11 @@ from pytest_evalreplay.model import (
     Request,
     RolloutResult,
 )
+from pytest_evalreplay.stages import EloEval, Reference, Stage
 from pytest_evalreplay.task import EvalTask
 
 __all__ = [
+    "EloEval",
     "EvalReplayError",
     "EvalResult",
     "EvalTask",
@@ -22,9 +24,12 @@ __all__ = [
     "Generation",
     "GenerationError",
     "Provider",
+    "Reference",
     "ReplayProvider",
     "Request",
     "RolloutResult",
+    "Stage",
+    "judges",
     "scorers",
 ]
 

@@ -46,10 +46,14 @@ def _parse(doc: Any, path: Path) -> dict[str, BaselineTask]:
         metric = entry.get("metric")
         if metric is not None and not isinstance(metric, str):
             raise EvalReplayError(f"{where}.metric: expected a metric name")
+        elo = entry.get("elo")
+        if elo is not None and not isinstance(elo, dict):
+            raise EvalReplayError(f"{where}.elo: expected the elo block of an EloEval (an object)")
         tasks[name] = BaselineTask(
             metrics={k: _number(v, f"{where}.metrics.{k}") for k, v in entry["metrics"].items()},
             scores={str(k): _number(v, f"{where}.scores.{k}") for k, v in scores.items()},
             metric=metric,
+            elo=elo,
         )
     return tasks
 
@@ -77,6 +81,7 @@ def update(path: Path, entries: Mapping[str, BaselineTask]) -> None:
             "format": FORMAT,
             "tasks": {
                 name: {"metrics": dict(t.metrics), "metric": t.metric, "scores": dict(t.scores)}
+                | ({"elo": dict(t.elo)} if t.elo else {})
                 for name, t in sorted(tasks.items())
             },
         }

@@ -26,7 +26,7 @@ from operator import itemgetter
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
-from scipy import optimize, special
+from scipy import special
 
 from pytest_evalreplay.model import EvalReplayError
 
@@ -345,6 +345,8 @@ def _one_sided_limit(
         return top - _loglik(r, s, n, elos) - drop
 
     far = wide_lo if side > 0 else wide_hi
+    from scipy import optimize  # only at a bound; importing it costs more than a second
+
     return float(optimize.brentq(excess, far, peak, xtol=1e-6)), kind
 
 

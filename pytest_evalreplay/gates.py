@@ -53,6 +53,7 @@ class BaselineTask:
     metrics: Mapping[str, float]
     scores: Mapping[str, float] = field(default_factory=dict)
     metric: str | None = None  # which metric `scores` holds
+    elo: Mapping[str, Any] | None = None  # an EloEval's saved "elo" block (its per-task table pairs runs)
 
 
 def metric_scores(scores: Mapping[str, Mapping[str, float]], metric: str) -> dict[str, float]:
@@ -129,6 +130,7 @@ def evaluate(
     budget: float,
     baseline: BaselineTask | None,
     missing: int = 0,
+    paired: PairedDrop | None = None,
 ) -> GateOutcome:
     """Judge one task: `scores` are its per-instance values of the gated metric;
     `missing` counts items of the task with no result yet (not selected, never run)."""
@@ -150,7 +152,8 @@ def evaluate(
             f"budget {budget:.1%} (--evalreplay-failure-budget)"
         )
     base_value: float | None = None
-    paired: PairedDrop | None = None
+    if gate.max_drop is None:
+        paired = None
     if gate.max_drop is not None:
         if baseline is None:
             notes.append("max_drop not checked: no baseline for this task (--evalreplay-baseline)")
@@ -159,14 +162,15 @@ def evaluate(
                 f"the baseline has no {gate.metric!r} metric for this task; "
                 "write it again with --evalreplay-update-baseline"
             )
-        elif baseline.metric != gate.metric or not baseline.scores:
+        elif paired is None and (baseline.metric != gate.metric or not baseline.scores):
             reasons.append(
                 f"the baseline has no per-instance {gate.metric!r} scores to pair with; "
                 "write it again with --evalreplay-update-baseline"
             )
         else:
             base_value = float(baseline.metrics[gate.metric])
-            paired = paired_drop(scores, baseline.scores)
+            if paired is None:
+                paired = paired_drop(scores, baseline.scores)
             if paired.n == 0:
                 reasons.append("no instance was scored by both this run and the baseline")
             elif paired.drop > gate.max_drop and paired.p_value < gate.alpha:
@@ -190,7 +194,10 @@ def evaluate(
 
 
 def baseline_entry(
-    gate: Gate | None, metrics: Mapping[str, float], scores: Mapping[str, Mapping[str, float]]
+    gate: Gate | None,
+    metrics: Mapping[str, float],
+    scores: Mapping[str, Mapping[str, float]],
+    elo: Mapping[str, Any] | None = None,
 ) -> BaselineTask:
     """What `--evalreplay-update-baseline` saves for a task: its metrics and the
     gated metric's per-instance scores (with no gate, a sole metric's)."""
@@ -198,4 +205,4 @@ def baseline_entry(
     if metric is None and len(metrics) == 1:
         metric = next(iter(metrics))
     per_instance = metric_scores(scores, metric) if metric else {}
-    return BaselineTask(metrics=dict(metrics), scores=per_instance, metric=metric)
+    return BaselineTask(metrics=dict(metrics), scores=per_instance, metric=metric, elo=elo)

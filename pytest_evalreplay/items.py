@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_evalreplay.model import EvalReplayError, RolloutResult
+from pytest_evalreplay.stages import EloEval
 from pytest_evalreplay.task import EvalTask
 
 if TYPE_CHECKING:
@@ -27,6 +28,9 @@ class ItemFailed(Exception):
 
 
 def session_of(config: pytest.Config) -> EvalSession:
+    """The plugin's session (built on first use: collection may be the first)."""
+    if SESSION_KEY not in config.stash:
+        config.pluginmanager.get_plugin("evalreplay-session").session  # noqa: B018 - builds and stashes it
     return config.stash[SESSION_KEY]
 
 
@@ -62,11 +66,44 @@ class TaskCollector(pytest.Collector):
             yield GateItem.from_parent(self, name="gate", task=self.task)
 
 
+class EloCollector(pytest.Collector):
+    """An EloEval's items: one per (task, stage, rollout) of the tasks each
+    stage draws from the pool (known at collection: the seed is)."""
+
+    def __init__(self, *, eval_: EloEval, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.eval = eval_
+
+    @classmethod
+    def from_parent(cls, parent: pytest.Collector, *, name: str, eval_: EloEval) -> EloCollector:  # type: ignore[override]
+        return super().from_parent(parent, name=name, eval_=eval_)
+
+    def collect(self) -> Iterator[pytest.Item]:
+        try:
+            self.eval.pool.request_digests()
+            _, stage_tasks = session_of(self.config).elo_draw(self.eval)
+        except EvalReplayError as exc:
+            raise self.CollectError(str(exc)) from None
+        for stage, task_ids in enumerate(stage_tasks, 1):
+            for tid in task_ids:
+                for rollout in range(self.eval.num_samples):
+                    name = f"{tid}[s{stage}-r{rollout}]"
+                    yield RolloutItem.from_parent(
+                        self,
+                        name=name,
+                        nodeid=f"{self.nodeid}::{name}",
+                        task=self.eval,
+                        key=(stage, tid, rollout),
+                    )
+        if self.eval.gate is not None:
+            yield GateItem.from_parent(self, name="gate", task=self.eval)
+
+
 class TaskItem(pytest.Item):
     """An item of an eval task: marked `evalreplay`, matched by the task's
     name, failing with a one-line message rather than a traceback."""
 
-    def __init__(self, *, task: EvalTask, **kwargs: Any) -> None:
+    def __init__(self, *, task: EvalTask | EloEval, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.task = task
         self.add_marker("evalreplay")
@@ -169,8 +206,9 @@ def record(item: pytest.Item, result: RolloutResult) -> None:
             ("evalreplay.rollout", result.rollout),
         ]
     )
+    prefix = "verdict" if isinstance(getattr(item, "task", None), EloEval) else "score"
     for name, value in result.scores.items():
-        props.append((f"score.{name}", value))
+        props.append((f"{prefix}.{name}", value))
     gen = result.generation
     if gen is not None:
         if gen.finish_reason is not None:

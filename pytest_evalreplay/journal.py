@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,12 +79,17 @@ class GenRef:
 
 @dataclass(frozen=True, slots=True)
 class ScoreRef:
-    """The latest scores (or scoring error) of one generation."""
+    """The latest scores (or scoring error) of one generation. For an ELO
+    item, `scores` holds its mean verdict per reference, `judgments` each
+    judgment (one per judge trial) and `no_answer` the references that had
+    no saved answer to judge against."""
 
     scores: Mapping[str, float] | None
     error: str | None
     run: str
     lineno: int
+    judgments: Mapping[str, tuple[float, ...]] | None = None
+    no_answer: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +248,15 @@ class JournalIndex:
                 scores = _scores(scores, where)
             elif not isinstance(error, str):
                 raise EvalReplayError(f"{where}: a score row needs 'scores' or an 'error'")
-            self.scores[(key, of)] = ScoreRef(scores, error, _str_field(row, "run", where), self.lineno)
+            judgments = row.get("judgments")
+            if judgments is not None:
+                judgments = _judgments(judgments, where)
+            no_answer = row.get("no_answer", [])
+            if not isinstance(no_answer, list) or not all(isinstance(r, str) for r in no_answer):
+                raise EvalReplayError(f"{where}: 'no_answer' must list reference names; delete that line")
+            self.scores[(key, of)] = ScoreRef(
+                scores, error, _str_field(row, "run", where), self.lineno, judgments, tuple(no_answer)
+            )
         elif kind == "fail":
             failure = Failure.from_row(row, where)
             ref = FailRef(
@@ -346,6 +359,18 @@ def _str_field(row: dict[str, Any], name: str, where: str) -> str:
     return value
 
 
+def _judgments(judgments: Any, where: str) -> dict[str, tuple[float, ...]]:
+    ok = isinstance(judgments, dict) and all(
+        isinstance(v, list) and all(x in (0, 0.5, 1) and not isinstance(x, bool) for x in v)
+        for v in judgments.values()
+    )
+    if not ok:
+        raise EvalReplayError(
+            f"{where}: 'judgments' must map references to lists of 0, 0.5 or 1; delete that line"
+        )
+    return {str(k): tuple(float(x) for x in v) for k, v in judgments.items()}
+
+
 def _scores(scores: Any, where: str) -> dict[str, float]:
     import math
 
@@ -385,7 +410,13 @@ def gen_row(key: RolloutKey, rq: str, pv: str, run: str, generation: Generation)
 
 
 def score_row(
-    key: RolloutKey, of: str, run: str, scores: Mapping[str, float] | None, error: str | None
+    key: RolloutKey,
+    of: str,
+    run: str,
+    scores: Mapping[str, float] | None,
+    error: str | None,
+    judgments: Mapping[str, Sequence[float]] | None = None,
+    no_answer: Sequence[str] = (),
 ) -> dict[str, Any]:
     row: dict[str, Any] = {
         "type": "score",
@@ -399,6 +430,10 @@ def score_row(
         row["scores"] = dict(scores or {})
     else:
         row["error"] = error
+    if judgments is not None:
+        row["judgments"] = {k: list(v) for k, v in judgments.items()}
+    if no_answer:
+        row["no_answer"] = list(no_answer)
     return row
 
 

@@ -41,6 +41,7 @@ class Settings:
     quiet: bool = False
     timeout: float | None = None
     reset: bool = False
+    resume_stage: int | None = None  # 0: the first incomplete stage
     report_reused: bool = False
     reuse_scores: bool = False
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
@@ -140,6 +141,19 @@ def add_options(parser: pytest.Parser) -> None:
     )
     parser.addini("evalreplay_resume", "always resume (bool)", type="bool", default=False)
     group.addoption(
+        "--resume-stage",
+        nargs="?",
+        const="first",
+        default=None,
+        dest="evalreplay_resume_stage",
+        metavar="N",
+        help="multi-stage evals: keep stages before N from the journal and plan N onward afresh; "
+        "without N, continue at the first incomplete stage",
+    )
+    parser.addini(
+        "evalreplay_resume_stage", "resume multi-stage evals from this stage ('first': the first incomplete)"
+    )
+    group.addoption(
         "--evalreplay-update-baseline",
         action="store_true",
         default=False,
@@ -214,6 +228,21 @@ def _number(config: pytest.Config, name: str, kind: type, low: float, default: A
     return value
 
 
+def _resume_stage(config: pytest.Config) -> int | None:
+    raw = config.getoption("evalreplay_resume_stage") or config.getini("evalreplay_resume_stage") or None
+    if raw is None:
+        return None
+    if str(raw).strip().lower() == "first":
+        return 0
+    try:
+        value = int(str(raw))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise pytest.UsageError(f"--resume-stage takes a stage number >= 1 (or nothing), got {raw!r}")
+    return value
+
+
 def _progress_interval(config: pytest.Config) -> float:
     raw = config.getini("evalreplay_progress_interval")
     if not raw:
@@ -234,7 +263,7 @@ def _in_play(config: pytest.Config) -> bool:
     for name, _, _, _ in _OPTIONS:
         if _raw(config, name) is not None:
             return True
-    flags = ("evalreplay_resume", "evalreplay_update_baseline", "evalreplay_reset")
+    flags = ("evalreplay_resume", "evalreplay_update_baseline", "evalreplay_reset", "evalreplay_resume_stage")
     return any(config.getoption(f) for f in flags) or bool(config.getini("evalreplay_resume"))
 
 
@@ -315,6 +344,7 @@ def resolve(config: pytest.Config) -> Settings:
         quiet=config.getoption("verbose") < 0,
         timeout=_timeout(config),
         reset=bool(config.getoption("evalreplay_reset")),
+        resume_stage=_resume_stage(config),
         report_reused=bool(
             config.getoption("evalreplay_report_reused") or config.getini("evalreplay_report_reused")
         ),

@@ -56,15 +56,30 @@ def _xdist_workers(config: pytest.Config) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
     task_module = sys.modules.get("pytest_evalreplay.task")
-    if task_module is None or not isinstance(obj, task_module.EvalTask):
-        return None  # no EvalTask can exist before its module is imported
-    from pytest_evalreplay.items import COLLECTED_KEY, TaskCollector
+    if task_module is None:
+        return None  # no EvalTask (nor EloEval) can exist before its module is imported
+    stages_module = sys.modules.get("pytest_evalreplay.stages")
+    is_elo = stages_module is not None and isinstance(obj, stages_module.EloEval)
+    if not is_elo and not isinstance(obj, task_module.EvalTask):
+        return None
+    if not is_elo and stages_module is not None and _pool_of_an_elo_eval(collector, obj):
+        return []  # an EloEval's pool: its items are the EloEval's
+    from pytest_evalreplay.items import COLLECTED_KEY, EloCollector, TaskCollector
 
     seen = collector.config.stash.setdefault(COLLECTED_KEY, {})
     first = seen.setdefault(id(obj), collector.nodeid)
     if first != collector.nodeid:
         return []  # the same task imported into a second module: collected once, where first met
-    return TaskCollector.from_parent(collector, name=obj.name, task=obj)
+    if is_elo:
+        return EloCollector.from_parent(collector, name=obj.name, eval_=obj)  # type: ignore[attr-defined]
+    return TaskCollector.from_parent(collector, name=obj.name, task=obj)  # type: ignore[attr-defined]
+
+
+def _pool_of_an_elo_eval(collector: pytest.Collector, task: object) -> bool:
+    from pytest_evalreplay.stages import EloEval
+
+    module = getattr(collector, "obj", None)
+    return any(isinstance(v, EloEval) and v.pool is task for v in vars(module).values()) if module else False
 
 
 class EvalReplayPlugin:
@@ -179,7 +194,8 @@ class EvalReplayPlugin:
         collect_only = bool(config.option.collectonly)
         try:
             self.session.register(
-                [(task, task.keys(), keys) for task, keys in tasks.values()], collect_only=collect_only
+                [(task, self.session.all_keys(task), keys) for task, keys in tasks.values()],
+                collect_only=collect_only,
             )
             deselect: set[tuple[str, tuple[int, str, int]]] = set()
             serial = not hasattr(config, "workerinput")
@@ -187,6 +203,8 @@ class EvalReplayPlugin:
                 failed = self.session.rescore_reused()
                 if not self.settings.report_reused:
                     for name, run in self.session.runs.items():
+                        if run.elo is not None:
+                            continue  # an ELO stage's reused items are reported skipped, with their verdicts
                         keep = set(failed.get(name, ()))
                         deselect.update((name, key) for key in run.decisions.reuse if key not in keep)
         except EvalReplayError as exc:
@@ -226,11 +244,10 @@ class EvalReplayPlugin:
         failed = sum(len(r.decisions.failed) for r in runs)
         parts = [plural(len(self.session.runs), "task"), f"{run:,} to run"]
         if reused:
-            how = (
-                "reported skipped"
-                if self.settings.report_reused or hasattr(config, "workerinput")
-                else "deselected"
-            )
+            serial = not hasattr(config, "workerinput")
+            deselectable = sum(len(r.decisions.reuse) for r in runs if r.elo is None)
+            kept = self.settings.report_reused or not serial or deselectable < reused
+            how = "reported skipped" if kept else "deselected"
             parts.append(f"{reused:,} reused from the journal ({how})")
         if failed:
             parts.append(f"{failed:,} failed for good before")

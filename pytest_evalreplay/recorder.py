@@ -145,13 +145,26 @@ class TaskRecorder:
         return journal.fail_row(failure, rq, pv, self.run)
 
     def score(
-        self, key: RolloutKey, of: str, scores: Mapping[str, float] | None, error: str | None
+        self,
+        key: RolloutKey,
+        of: str,
+        scores: Mapping[str, float] | None,
+        error: str | None,
+        judgments: Mapping[str, Sequence[float]] | None = None,
+        no_answer: Sequence[str] = (),
     ) -> list[dict[str, Any]]:
         """A score row, unless the journal already holds these very scores for that generation."""
         prior = self.index.scores.get((key, of))
-        if prior is not None and prior.error == error and prior.scores == (dict(scores) if scores else None):
+        if (
+            prior is not None
+            and prior.error == error
+            and prior.scores == (dict(scores) if scores is not None and error is None else None)
+            and (prior.judgments or None)
+            == ({k: tuple(v) for k, v in judgments.items()} if judgments else None)
+            and prior.no_answer == tuple(no_answer)
+        ):
             return []
-        return [journal.score_row(key, of, self.run, scores, error)]
+        return [journal.score_row(key, of, self.run, scores, error, judgments, no_answer)]
 
     # -- the run dir ---------------------------------------------------------------
 

@@ -65,6 +65,53 @@ def task_line(doc: Mapping[str, Any], extra: Mapping[str, int] | None = None) ->
     return line + (f" | {tokens}" if tokens else "")
 
 
+def _num(value: Any, fmt: str = ".0f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def stage_rows(doc: Mapping[str, Any]) -> list[list[str]]:
+    """An ELO eval's per-stage table: references, tasks, judged pairs,
+    wins/ties/losses, rating +- SE (cumulative over the stages so far), interval."""
+    rows = []
+    for st in (doc.get("elo") or {}).get("stages", []):
+        lo, hi = (st.get("ci95") or [None, None])[:2]
+        rows.append(
+            [
+                str(st["stage"]) + ("" if st.get("complete") else " (incomplete)"),
+                ", ".join(st.get("references", [])) or "-",
+                str(len(st.get("task_ids", []))),
+                str(st.get("judged", 0))
+                + (f" ({st['no_answer']} without a reference answer)" if st.get("no_answer") else ""),
+                f"{st.get('wins', 0)}/{st.get('ties', 0)}/{st.get('losses', 0)}",
+                f"{_num(st.get('rating'))} +- {_num(st.get('se'))}",
+                f"[{_num(lo)}, {_num(hi)}]",
+            ]
+        )
+    return rows
+
+
+STAGE_HEADER = ["stage", "references", "tasks", "judged pairs", "W/T/L", "rating +- SE", "95% interval"]
+
+
+def elo_lines(doc: Mapping[str, Any]) -> list[str]:
+    elo = doc.get("elo")
+    if not elo:
+        return []
+    rows = stage_rows(doc)
+    widths = [max(len(r[i]) for r in [STAGE_HEADER, *rows]) for i in range(len(STAGE_HEADER))]
+    out = ["  " + "  ".join(h.ljust(w) for h, w in zip(STAGE_HEADER, widths, strict=True))]
+    out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    final = f"  rating {_num(elo.get('rating'))}"
+    if elo.get("se") is not None:
+        final += f" +- {_num(elo.get('se'))}"
+    lo, hi = (elo.get("ci95") or [None, None])[:2]
+    final += f", 95% interval [{_num(lo)}, {_num(hi)}] ({elo.get('interval')}), seed {elo.get('seed')}"
+    out.append(final)
+    if elo.get("note"):
+        out.append(f"  note: {elo['note']}")
+    return out
+
+
 @dataclass
 class Summary:
     """What the summary and the report show, gathered as the session goes."""
@@ -94,7 +141,9 @@ class Summary:
 
     def lines(self) -> list[str]:
         out = [f"run dir: {self.run_dir}"] if self.run_dir and self.docs else []
-        out += [task_line(doc, extra) for _, (_, doc, extra) in sorted(self.docs.items())]
+        for _, (_, doc, extra) in sorted(self.docs.items()):
+            out.append(task_line(doc, extra))
+            out.extend(elo_lines(doc))
         out += [f"gate {name}: {verdict}" for name, (_, verdict) in sorted(self.gates.items())]
         out += [f"note: {note}" for note in self.notes]
         return out
@@ -121,6 +170,12 @@ class Summary:
                 f"| {d.get('session', {}).get('generated', 0)} | {d.get('session', {}).get('reused', 0)} "
                 f"| {_metric_text(d)} |"
             )
+        for _, (_, d, _) in sorted(self.docs.items()):
+            rows = stage_rows(d)
+            if rows:
+                lines += ["", f"## {d['task']}: stages", "", "| " + " | ".join(STAGE_HEADER) + " |"]
+                lines.append("|" + "---|" * len(STAGE_HEADER))
+                lines += ["| " + " | ".join(r) + " |" for r in rows]
         if self.gates:
             lines += ["", "| gate | verdict | details |", "|---|---|---|"]
             for name, (passed, verdict) in sorted(self.gates.items()):

@@ -104,6 +104,7 @@ def write_task(
     index: JournalIndex,
     instance_order: Sequence[str],
     num_samples: int,
+    metrics: bool = True,
 ) -> None:
     """Write a task's three files from its outcome and journal (the caller
     holds the task lock). Only generations the outcome stands on are saved."""
@@ -130,7 +131,8 @@ def write_task(
     remove_stale_temporaries(directory, f".{outcome.task}-")
     atomic_write(files["requests"], _jsonl(requests))
     atomic_write(files["predictions"], _jsonl(predictions))
-    atomic_write(files["metrics"], orjson.dumps(outcome.to_doc(run), option=orjson.OPT_INDENT_2))
+    if metrics:
+        atomic_write(files["metrics"], orjson.dumps(outcome.to_doc(run), option=orjson.OPT_INDENT_2))
 
 
 def remove_stale_temporaries(directory: Path, prefix: str) -> None:

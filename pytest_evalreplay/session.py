@@ -13,11 +13,12 @@ from the journal. Scoring happens where an item runs, so xdist spreads it.
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_evalreplay import gates, planning
 from pytest_evalreplay.execution import Done, Failed, RoundEnd, generate_events, score_generation
@@ -29,7 +30,11 @@ from pytest_evalreplay.planning import Decisions, TaskPlan
 from pytest_evalreplay.providers import ProviderHost
 from pytest_evalreplay.recorder import TaskRecorder
 from pytest_evalreplay.rundir import SessionLock, prepare_output_dir, refuse_self_replay, write_manifest
+from pytest_evalreplay.stages import EloEval
 from pytest_evalreplay.task import EvalTask
+
+if TYPE_CHECKING:
+    from pytest_evalreplay.elorun import EloDriver
 
 Notify = Callable[[str], None]
 
@@ -54,8 +59,10 @@ class WorkerInfo:
 
 @dataclass
 class TaskRun:
-    """One task's part of the session."""
+    """One task's part of the session. For an `EloEval`, `task` is its pool
+    (what the candidate answers) and `elo` drives its stages."""
 
+    name: str
     task: EvalTask
     plan: TaskPlan
     recorder: TaskRecorder
@@ -69,10 +76,8 @@ class TaskRun:
     resolved: set[RolloutKey] = field(default_factory=set)  # scored or failed by this process
     touched: bool = False  # this process ran something of the task: it finalizes it
     outcome: TaskOutcome | None = None
-
-    @property
-    def name(self) -> str:
-        return self.task.name
+    gate: Any = None
+    elo: EloDriver | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class EvalSession:
         progress: ProgressSink,
         worker: WorkerInfo | None = None,
         snapshot: Mapping[str, int] | None = None,
+        seed: int | None = None,
     ) -> None:
         self.settings = settings
         self._output_factory = output
@@ -118,6 +124,8 @@ class EvalSession:
         self._baseline: dict[str, gates.BaselineTask] | None = None
         self._pv: str | None = None
         self._identity: dict[str, Any] | None = None
+        self._draws: dict[str, tuple[int, list[list[str]]]] = {}
+        self.seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
 
     # -- the output dir ------------------------------------------------------
 
@@ -181,9 +189,37 @@ class EvalSession:
 
     # -- collection ------------------------------------------------------------
 
+    def elo_draw(self, eval_: EloEval) -> tuple[int, list[list[str]]]:
+        """An EloEval's seed and each stage's task ids, decided once per session
+        at collection: its own seed; else the one its journal recorded (so a
+        resumed run, and every xdist worker, collects the same items); else
+        the seed of the saved run being replayed; else this run's own seed."""
+        known = self._draws.get(eval_.name)
+        if known is None:
+            from pytest_evalreplay.elorun import recorded_seed, saved_seed
+
+            seed = eval_.seed
+            if seed is None and not self.settings.reset:
+                seed = recorded_seed(self._output_factory(), eval_.name, self.snapshot.get(eval_.name))
+            if seed is None and self.settings.provider == "replay" and self.settings.predictions is not None:
+                seed = saved_seed(self.settings.predictions, eval_.name)
+            if seed is None:
+                seed = self.seed
+            known = (seed, eval_.draw(seed))
+            self._draws[eval_.name] = known
+        return known
+
+    def all_keys(self, obj: EvalTask | EloEval) -> list[RolloutKey]:
+        """Every item of a task, in collection order."""
+        if isinstance(obj, EloEval):
+            _, stage_tasks = self.elo_draw(obj)
+            n = obj.num_samples
+            return [(s, tid, r) for s, tids in enumerate(stage_tasks, 1) for tid in tids for r in range(n)]
+        return obj.keys()
+
     def register(
         self,
-        tasks: Sequence[tuple[EvalTask, Sequence[RolloutKey], Sequence[RolloutKey]]],
+        tasks: Sequence[tuple[EvalTask | EloEval, Sequence[RolloutKey], Sequence[RolloutKey]]],
         collect_only: bool,
     ) -> None:
         """Plan each task (its full key list, the requests rendered now) and
@@ -193,38 +229,132 @@ class EvalSession:
         if not collect_only:
             self.hold_output()
         pv = self.provider_digest
-        for task, all_keys, selected in tasks:
+        for obj, all_keys, selected in tasks:
+            directory = self._output_factory() if collect_only else self.output
+            if isinstance(obj, EloEval):
+                self._register_elo(obj, all_keys, selected, directory)
+                continue
+            task = obj
             plan = TaskPlan(task.name, tuple(all_keys), task.request_digests(), pv)
             narrowed = len(selected) < len(all_keys)
-            reset = self.settings.reset or (not self.settings.resume and not narrowed)
-            recorder = TaskRecorder(
-                self._output_factory() if collect_only else self.output,
-                task.name,
-                self.run_id,
-                reset=reset,
-                limit=self.snapshot.get(task.name),
-            )
-            index: JournalIndex | None = None
-            if not reset:
-                index = recorder.read_snapshot()
-                if index.torn is not None:
-                    self.notes.append(
-                        f"{index.path}:{index.torn}: ignored a torn last line (a run died mid-write)"
-                    )
-                self.notes.extend(planning.foreign_rows(plan, index))
+            reset = self.settings.reset or (not self.resuming and not narrowed)
+            recorder = TaskRecorder(directory, task.name, self.run_id, reset, self.snapshot.get(task.name))
+            index = None if reset else self._read(recorder, plan)
             decisions = planning.decide(
-                plan, selected, index, self.settings.resume and not reset, self.settings.max_attempts
+                plan, selected, index, self.resuming and not reset, self.settings.max_attempts
             )
             run = TaskRun(
+                name=task.name,
                 task=task,
                 plan=plan,
                 recorder=recorder,
                 selected=list(selected),
                 decisions=decisions,
                 instance_order=[inst["id"] for inst in task.instances],
+                gate=task.gate,
             )
             self._chunk(run)
             self.runs[task.name] = run
+
+    @property
+    def resuming(self) -> bool:
+        return self.settings.resume or self.settings.resume_stage is not None
+
+    def _read(self, recorder: TaskRecorder, plan: TaskPlan) -> JournalIndex:
+        index = recorder.read_snapshot()
+        if index.torn is not None:
+            self.notes.append(f"{index.path}:{index.torn}: ignored a torn last line (a run died mid-write)")
+        self.notes.extend(planning.foreign_rows(plan, index))
+        return index
+
+    def _register_elo(
+        self, eval_: EloEval, all_keys: Sequence[RolloutKey], selected: Sequence[RolloutKey], directory: Path
+    ) -> None:
+        from pytest_evalreplay.elorun import (
+            EloDriver,
+            check_kept_stages,
+            seed_rows,
+            stage_of_first_incomplete,
+        )
+        from pytest_evalreplay.fingerprint import describe_change, fingerprint
+        from pytest_evalreplay.stages import StageLog, stage_configs
+
+        pool = eval_.pool
+        seed, stage_tasks = self.elo_draw(eval_)
+        pool_digests = {iid: rq for (_, iid), rq in pool.request_digests().items()}
+        requests = {(s, tid): pool_digests[tid] for s, tids in enumerate(stage_tasks, 1) for tid in tids}
+        plan = TaskPlan(eval_.name, tuple(all_keys), requests, self.provider_digest)
+        configs = stage_configs(eval_, seed, pool_digests, self.provider_identity)
+        fingerprints = [fingerprint(c) for c in configs]
+        narrowed = len(selected) < len(all_keys)
+        reset = self.settings.reset or (not self.resuming and not narrowed)
+        recorder = TaskRecorder(directory, eval_.name, self.run_id, reset, self.snapshot.get(eval_.name))
+        index = None if reset else self._read(recorder, plan)
+        log = StageLog.read(index) if index is not None else StageLog()
+        stages = len(eval_.stages)
+        replan_from = stages + 1 if self.resuming else 1
+        if self.settings.resume_stage is not None:
+            first = self.settings.resume_stage or min(stage_of_first_incomplete(log, fingerprints), stages)
+            if first > stages:
+                raise EvalReplayError(f"--resume-stage={first}: {eval_.name!r} has only {stages} stages")
+            check_kept_stages(eval_.name, log, fingerprints, configs, first)
+            replan_from = first
+        for stage in range(1, stages + 1):
+            record = log.stages.get(stage)
+            if record is not None and record.fingerprint != fingerprints[stage - 1] and self.resuming:
+                self.notes.append(
+                    f"{eval_.name}: stage {stage} starts fresh "
+                    f"({describe_change(record.config, configs[stage - 1])})"
+                )
+                replan_from = min(replan_from, stage)
+                break
+        kept = [key for key in selected if key[0] < replan_from]
+        fresh = [key for key in selected if key[0] >= replan_from]
+        decisions = planning.decide(
+            plan, kept, index, self.resuming and not reset, self.settings.max_attempts
+        )
+        again = planning.decide(
+            plan,
+            fresh,
+            index,
+            self.settings.resume and not reset and self.settings.resume_stage is None,
+            self.settings.max_attempts,
+        )
+        decisions.run.extend(again.run)
+        decisions.reuse.update(again.reuse)
+        decisions.failed.update(again.failed)
+        decisions.prior_attempts.update(again.prior_attempts)
+        run = TaskRun(
+            name=eval_.name,
+            task=pool,
+            plan=plan,
+            recorder=recorder,
+            selected=list(selected),
+            decisions=decisions,
+            instance_order=[inst["id"] for inst in pool.instances],
+            gate=eval_.gate,
+        )
+        driver = EloDriver(
+            session=self,
+            eval=eval_,
+            seed=seed,
+            stage_tasks=stage_tasks,
+            configs=configs,
+            fingerprints=fingerprints,
+            replan_from=replan_from,
+        )
+        from pytest_evalreplay.judges import LlmJudge
+
+        if isinstance(eval_.judge, LlmJudge):
+            driver.judge_recorder = TaskRecorder(
+                directory, f"{eval_.name}-judge", self.run_id, reset, self.snapshot.get(f"{eval_.name}-judge")
+            )
+            if not reset:
+                driver.judge_recorder.read_snapshot()
+        run.elo = driver
+        self._chunk(run)
+        self.runs[eval_.name] = run
+        recorder.add(seed_rows(driver))
 
     def _chunk(self, run: TaskRun) -> None:
         size = self.settings.batch_size
@@ -256,8 +386,8 @@ class EvalSession:
         (those stay selected, to report their failure)."""
         failed: dict[str, list[RolloutKey]] = {}
         for run in self.runs.values():
-            if not run.decisions.reuse:
-                continue
+            if not run.decisions.reuse or run.elo is not None:
+                continue  # an ELO stage's reused items run (reported skipped): judging needs its plan
             for key in run.decisions.reuse:
                 result = self._score_reused(run, key)
                 if not result.ok:
@@ -276,6 +406,8 @@ class EvalSession:
         result = run.results.pop(key, None)
         if result is not None:
             return result
+        if run.elo is not None and key in run.decisions.run:
+            run.elo.plan(key[0])  # recorded before the stage's first generation
         if key in run.decisions.reuse:
             return self._score_reused(run, key)
         if key in run.decisions.failed:
@@ -303,6 +435,8 @@ class EvalSession:
         )
 
     def _score(self, run: TaskRun, key: RolloutKey, raw: Generation, of: str) -> RolloutResult:
+        if run.elo is not None:
+            return run.elo.judge(key, raw, of)
         task = run.task
         generation = task.postprocess(raw)
         scores, error = score_generation(task, task.instance(key[1]), generation)
@@ -338,15 +472,13 @@ class EvalSession:
         return self._score(run, key, index.generation(gen), gen.run)
 
     def _score_run(self, run: TaskRun, key: RolloutKey) -> RolloutResult:
-        rq = run.plan.request_of(key)
+        gen = self.own_gen(run, key)
+        if gen is None and self.own_failure(run, key) is None:
+            self.generate_chunk(run, run.chunk_of[(key[0], key[1])])
+            gen = self.own_gen(run, key)
         index = run.recorder.index
-        gen = self._own_gen(index, key, rq)
-        if gen is None and self._own_failure(run, key) is None:
-            self._generate_chunk(run, run.chunk_of[(key[0], key[1])])
-            index = run.recorder.index
-            gen = self._own_gen(index, key, rq)
         if gen is None:
-            fail = self._own_failure(run, key)
+            fail = self.own_failure(run, key)
             run.resolved.add(key)
             message = fail.failure.message if fail else "no result was recorded for this rollout"
             cls = fail.failure.failure_class if fail else "retryable"
@@ -360,13 +492,13 @@ class EvalSession:
             )
         return self._score(run, key, index.generation(gen), gen.run)
 
-    def _own_gen(self, index: JournalIndex, key: RolloutKey, rq: str) -> Any:
+    def own_gen(self, run: TaskRun, key: RolloutKey) -> Any:
         """This run's generation of `key` (not an earlier run's: a run without
         --resume regenerates what it selected)."""
-        gen = index.latest_gen(key, rq, self.provider_digest)
+        gen = run.recorder.index.latest_gen(key, run.plan.request_of(key), self.provider_digest)
         return gen if gen is not None and gen.run == self.run_id else None
 
-    def _own_failure(self, run: TaskRun, key: RolloutKey) -> Any:
+    def own_failure(self, run: TaskRun, key: RolloutKey) -> Any:
         fail = run.recorder.index.latest_fail(key, run.plan.request_of(key), self.provider_digest)
         if fail is None or fail.run != self.run_id:
             return None
@@ -383,8 +515,7 @@ class EvalSession:
             missing = tuple(
                 r
                 for r in run.rollouts_of[rk]
-                if self._own_gen(index, (*rk, r), run.plan.requests[rk]) is None
-                and self._own_failure(run, (*rk, r)) is None
+                if self.own_gen(run, (*rk, r)) is None and self.own_failure(run, (*rk, r)) is None
             )
             if missing:
                 out[rk] = missing
@@ -406,7 +537,7 @@ class EvalSession:
                 out[rk] = n
         return out
 
-    def _generate_chunk(self, run: TaskRun, number: int) -> None:
+    def generate_chunk(self, run: TaskRun, number: int) -> None:
         recorder = run.recorder
         with recorder.chunk_locked(number):
             recorder.flush()  # commit our own rows and read what peers wrote
@@ -484,6 +615,8 @@ class EvalSession:
         run = self.runs[task]
         run.touched = True
         run.recorder.flush()
+        if run.elo is not None:
+            run.elo.complete_all()
         for key in run.selected:
             if key in run.resolved or key in run.results:
                 continue
@@ -501,29 +634,39 @@ class EvalSession:
             score = index.score_of(key, gen)
             if score is not None and score.run == self.run_id:
                 return True
-        return self._own_failure(run, key) is not None
+        return self.own_failure(run, key) is not None
 
     def outcome(self, run: TaskRun) -> TaskOutcome:
+        """The task's numbers from its journal (the caller has flushed; under the lock at the end)."""
         run.recorder.flush()
         outcome = task_outcome(
             run.plan, run.recorder.index, self.settings.max_attempts, self.run_id, self.host.model()
         )
+        if run.elo is not None:
+            outcome = run.elo.with_rating(outcome)
         run.outcome = outcome
         return outcome
 
-    def gate_outcome(self, task: EvalTask) -> gates.GateOutcome:
-        assert task.gate is not None
+    def gate_outcome(self, task: EvalTask | EloEval) -> gates.GateOutcome:
+        run = self.runs[task.name]
+        gate = run.gate
+        assert gate is not None
         outcome = self.complete(task.name)
+        baseline = self.baseline().get(task.name)
+        paired = None
+        if run.elo is not None and gate.max_drop is not None and baseline is not None and baseline.elo:
+            paired = run.elo.paired_drop(baseline.elo)
         return gates.evaluate(
             task=task.name,
-            gate=task.gate,
+            gate=gate,
             metrics=outcome.metrics,
-            scores=gates.metric_scores(outcome.instance_scores, task.gate.metric),
+            scores=gates.metric_scores(outcome.instance_scores, gate.metric),
             num_items=outcome.num_items - outcome.num_missing,
             num_failed=outcome.num_failed,
             budget=self.settings.failure_budget,
-            baseline=self.baseline().get(task.name),
+            baseline=baseline,
             missing=outcome.num_missing,
+            paired=paired,
         )
 
     # -- the end -----------------------------------------------------------------
@@ -537,12 +680,21 @@ class EvalSession:
             if not run.touched:
                 continue
             recorder = run.recorder
+            if run.elo is not None:
+                try:
+                    run.elo.complete_all()
+                except EvalReplayError as exc:
+                    self.notes.append(f"{name}: {exc}")
+                run.elo.write_judge_files()
+                self.notes.extend(n for n in dict.fromkeys(run.elo.notes) if n not in self.notes)
             recorder.flush()
             with recorder.locked():
                 recorder.refresh()
                 outcome = task_outcome(
                     run.plan, recorder.index, self.settings.max_attempts, self.run_id, self.host.model()
                 )
+                if run.elo is not None:
+                    outcome = run.elo.with_rating(outcome)
                 recorder.write_run_dir(outcome, self.run_id, run.instance_order, run.task.num_samples)
             run.outcome = outcome
             self.docs[name] = TaskDoc(
@@ -554,7 +706,9 @@ class EvalSession:
                 failed_before=len(run.decisions.failed),
             )
             if self.settings.update_baseline:
-                entries[name] = gates.baseline_entry(run.task.gate, outcome.metrics, outcome.instance_scores)
+                entries[name] = gates.baseline_entry(
+                    run.gate, outcome.metrics, outcome.instance_scores, outcome.extra.get("elo")
+                )
         if entries and self.settings.baseline is not None:
             from pytest_evalreplay import baseline
 

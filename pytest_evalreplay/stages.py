@@ -29,6 +29,9 @@ from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.task import EvalTask, validate_task_name
 
 _REF_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+# References' saved answers are fingerprinted by content up to this size (by
+# size and modification time above it), so a clone of the project resumes.
+REFERENCE_CONTENT_LIMIT = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -195,11 +198,7 @@ def stage_configs(
         "candidate": dict(candidate),
         "judge": eval_.judge_identity(),
         "references": {
-            name: {
-                "elo": ref.elo,
-                "predictions": str(ref.predictions),
-                "files": path_signature(Path(ref.predictions)),
-            }
+            name: {"elo": ref.elo, "answers": path_signature(Path(ref.predictions), REFERENCE_CONTENT_LIMIT)}
             for name, ref in eval_.references.items()
         },
         "seed": seed,

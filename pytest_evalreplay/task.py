@@ -184,7 +184,7 @@ class EvalTask:
         name: str,
         instances: Iterable[Mapping[str, Any]] | str | os.PathLike[str],
         prompt: str | Callable[[Instance], Context],
-        scorer: Scorer | BuiltinScorer | str,
+        scorer: Scorer | BuiltinScorer | str | None = None,
         target: str | Callable[[Instance], Any] | None = None,
         system_prompt: str | None = None,
         num_samples: int = 1,
@@ -205,7 +205,7 @@ class EvalTask:
                     f"task {name!r}: unknown scorer {scorer!r}; built-ins are {sorted(BUILTINS)}"
                 )
             scorer = BUILTINS[scorer]
-        if not callable(scorer) and not isinstance(scorer, BUILTIN_TYPES):
+        if scorer is not None and not callable(scorer) and not isinstance(scorer, BUILTIN_TYPES):
             raise EvalReplayError(f"task {name!r}: scorer must be callable or a built-in scorer")
         self.scorer = scorer
         self.target = target
@@ -319,6 +319,10 @@ class EvalTask:
 
     def score(self, text: str, instance: Instance) -> dict[str, float]:
         """Scores as a dict of floats; raises what the scorer raises."""
+        if self.scorer is None:
+            raise EvalReplayError(
+                f"task {self.name!r} has no scorer: give EvalTask(scorer=...) (only an EloEval's pool needs none)"
+            )
         if isinstance(self.scorer, BUILTIN_TYPES):
             value: Any = self.scorer.score(text, self.target_of(instance))
         else:

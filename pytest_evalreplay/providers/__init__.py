@@ -46,23 +46,29 @@ def make_builtin(kind: str, settings: Settings) -> Any:
     return factory(settings)
 
 
-def path_signature(path: Path) -> str:
-    """What a saved run looks like on disk (names, sizes, modification times),
-    so replaying a path whose files changed is not mistaken for the same provider."""
-    h = hashlib.blake2b(digest_size=12)
+def path_signature(path: Path, content_limit: int = 0) -> str:
+    """What a saved run looks like on disk, so a path whose files changed is
+    not mistaken for the same one: its files' contents when they total at most
+    `content_limit` bytes (so a copy or a clone matches), else their names,
+    sizes and modification times (cheap for a large run)."""
+    files: list[tuple[str, Path]] = []
     try:
         if path.is_file():
-            st = path.stat()
-            h.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+            files.append((path.name, path))
         else:
-            for root, dirs, files in os.walk(path):
+            for root, dirs, names in os.walk(path):
                 dirs.sort()
-                for name in sorted(files):
-                    if name.startswith("."):
-                        continue
-                    st = os.stat(os.path.join(root, name))
-                    rel = os.path.relpath(os.path.join(root, name), path)
-                    h.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+                for name in sorted(names):
+                    if not name.startswith("."):
+                        full = Path(root) / name
+                        files.append((str(full.relative_to(path)), full))
+        stats = [(rel, full, full.stat()) for rel, full in files]
+        by_content = sum(st.st_size for _, _, st in stats) <= content_limit
+        h = hashlib.blake2b(digest_size=12)
+        for rel, full, st in stats:
+            h.update(rel.encode() + b"\0")
+            h.update(full.read_bytes() if by_content else f"{st.st_size}:{st.st_mtime_ns}".encode())
+            h.update(b"\n")
     except OSError:
         return "unreadable"
     return h.hexdigest()

@@ -147,6 +147,22 @@ class ReplayProvider:
             )
         return [served(save.samples[r]) for r in request.rollouts]
 
+    def first_sample(self, request: Request) -> Generation | None:
+        """The first saved sample answering the request's prompt, whatever the
+        saved sample count (a reference's answer in a pairwise judgment); None
+        when the prompt is not saved. Conflicting saves raise EvalReplayError."""
+        rows = self.index.rows(request.prompt_key)
+        if not rows:
+            return None
+        saves = merge(rows)
+        save = choose(saves, request.stage)
+        if save is None or not save.samples:
+            where = ", ".join(s.where[0] for s in saves[:3])
+            raise EvalReplayError(
+                f"the saved answers to this prompt disagree ({where}); delete the one you do not want"
+            )
+        return served(save.samples[min(save.samples)])
+
     def _no_match(self, where: str) -> str:
         skipped = (
             f" ({self.index.skipped} loglikelihood, image or tool saves were skipped)"

@@ -1,0 +1,411 @@
+"""Multi-stage ELO evals as pytest users meet them: items per (task, stage,
+rollout), stage plans in the journal, --resume after a SIGKILL mid-stage,
+--resume-stage, xdist, replay, LLM judges and the ELO gate. Runs are real
+`python -m pytest` processes (kills need them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+POOL = [{"id": f"t{n:03d}", "q": f"question {n}", "gold": f"gold {n}"} for n in range(12)]
+PROMPT = "Q: {q}"
+REFERENCES = {"weak": (900, 0.2), "mid": (1100, 0.5), "strong": (1300, 0.8)}
+
+CONFTEST = """
+import os, signal, orjson
+from pytest_evalreplay import Generation
+
+def log(name, row):
+    with open(os.environ[name], "ab") as fh:
+        fh.write(orjson.dumps(row) + b"\\n")
+
+class Candidate:
+    kind, batch_size = "cand", None
+
+    def __init__(self, model):
+        self.model = model
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            log("CALL_LOG", [r.instance_id, r.stage, list(r.rollouts)])
+            n = int(r.instance_id[1:])
+            right = (n % 3 != 0) if self.model == "good" else False
+            out.append([Generation(text=("gold " if right else "wrong ") + str(n)) for _ in r.rollouts])
+        return out
+
+class JudgeModel:
+    kind, model, batch_size = "judgemodel", "judge-1", None
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            log("JUDGE_MODEL_LOG", r.instance_id)
+            a = r.context.split("[Answer A]")[1].split("[Answer B]")[0]
+            b = r.context.split("[Answer B]")[1].split("Which answer")[0]
+            va, vb = "gold" in a, "gold" in b
+            out.append([Generation(text="[[TIE]]" if va == vb else ("[[A]]" if va else "[[B]]"))])
+        return out
+
+def pytest_evalreplay_make_provider(config, kind):
+    if kind == "cand":
+        return Candidate(config.getoption("evalreplay_model") or "good")
+    if kind == "judgemodel":
+        return JudgeModel()
+    return None
+"""
+
+EVALS = """
+import os, signal, orjson
+from pytest_evalreplay import EloEval, EvalTask, Gate, Reference, Stage, judges
+
+pool = EvalTask("pool", {pool!r}, prompt={prompt!r})
+calls = 0
+
+def judge(instance, candidate, reference):
+    global calls
+    calls += 1
+    with open(os.environ["JUDGE_LOG"], "ab") as fh:
+        fh.write(orjson.dumps([instance["id"], candidate, reference]) + b"\\n")
+    if calls == int(os.environ.get("KILL_AT_JUDGE", "0")):
+        os.kill(os.getpid(), signal.SIGKILL)
+    value = {bad_value}
+    if value is not None and instance["id"] == "t001":
+        return value
+    mine, theirs = "gold" in candidate, "gold" in reference
+    return 0.5 if mine == theirs else float(mine)
+
+memo = EloEval(
+    "memo",
+    pool=pool,
+    references={references},
+    stages={stages},
+    judge={judge},
+    seed={seed},
+    gate={gate},
+)
+"""
+
+
+def write_reference(directory: Path, name: str, accuracy: float) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    req, pred = [], []
+    for n, inst in enumerate(POOL):
+        if name == "empty":
+            continue
+        req.append(
+            {
+                "instance_id": inst["id"],
+                "request_type": "generate",
+                "context": PROMPT.format(**inst),
+                "system_prompt": None,
+                "num_samples": 1,
+                "sampling": {},
+            }
+        )
+        right = (n * 7 % 10) / 10 < accuracy
+        pred.append(
+            {
+                "instance_id": inst["id"],
+                "model": name,
+                "generations": [{"text": ("gold " if right else "nope ") + str(n)}],
+            }
+        )
+    (directory / f"{name}-requests.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in req))
+    (directory / f"{name}-predictions.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in pred))
+    return directory / f"{name}-predictions.jsonl"
+
+
+class Project:
+    def __init__(self, path: Path, **fields: str) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "conftest.py").write_text(CONFTEST)
+        for name, (_, accuracy) in REFERENCES.items():
+            write_reference(path / "refs", name, accuracy)
+        self.out = path / "out"
+        self.write(**fields)
+
+    def write(self, **fields: str) -> None:
+        refs = (
+            "{"
+            + ", ".join(
+                f"{name!r}: Reference({elo}, 'refs/{name}-predictions.jsonl')"
+                for name, (elo, _) in REFERENCES.items()
+            )
+            + "}"
+        )
+        values = {
+            "pool": POOL,
+            "prompt": PROMPT,
+            "references": refs,
+            "stages": "[Stage(tasks=4), Stage(tasks=4, references=2), Stage(tasks=4, references=1)]",
+            "judge": "judge",
+            "seed": "None",
+            "gate": "None",
+            "bad_value": "None",
+            **fields,
+        }
+        (self.path / "test_elo.py").write_text(EVALS.format(**values))
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("KILL_", "PYTEST_ADDOPTS"))}
+        environ.update(env, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+        environ.setdefault("CALL_LOG", str(self.path / "calls.jsonl"))
+        environ.setdefault("JUDGE_LOG", str(self.path / "judge.jsonl"))
+        environ.setdefault("JUDGE_MODEL_LOG", str(self.path / "judge-model.jsonl"))
+        cmd = [
+            sys.executable,
+            "-B",
+            "-m",
+            "pytest",
+            "-p",
+            "pytest_evalreplay.plugin",
+            "-p",
+            "no:cacheprovider",
+        ]
+        if "-n" in args:
+            cmd += ["-p", "xdist"]
+        if not any(a.startswith("--evalreplay-predictions") for a in args):
+            cmd.append("--evalreplay-provider=cand")
+        cmd += [f"--evalreplay-output={self.out}", "-q", "-rs", *args]
+        return subprocess.run(cmd, cwd=self.path, env=environ, capture_output=True, text=True, timeout=300)
+
+    def log(self, name: str) -> list:
+        path = self.path / name
+        return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+
+    def metrics(self) -> dict:
+        return orjson.loads((self.out / "memo-metrics.json").read_bytes())
+
+    def elo(self) -> dict:
+        return self.metrics()["elo"]
+
+    def stage_records(self) -> list[dict]:
+        rows = [orjson.loads(x) for x in (self.out / "memo-journal.jsonl").read_bytes().splitlines() if x]
+        return [r for r in rows if r.get("type") == "stage"]
+
+
+def same_metrics(a: dict, b: dict) -> bool:
+    return {k: v for k, v in a.items() if k != "session"} == {k: v for k, v in b.items() if k != "session"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Project:
+    project = Project(tmp_path_factory.mktemp("uninterrupted"))
+    result = project.run()
+    assert result.returncode == 0, result.stdout + result.stderr
+    return project
+
+
+def test_one_item_per_task_stage_and_rollout_and_k_selects_a_stage(tmp_path):
+    project = Project(tmp_path, seed="3")
+    result = project.run("--collect-only")
+    ids = [x for x in result.stdout.splitlines() if "::" in x]
+    assert len(ids) == 12
+    assert all(
+        x.startswith("test_elo.py::memo::t") and x.endswith(("[s1-r0]", "[s2-r0]", "[s3-r0]")) for x in ids
+    )
+    result = project.run("--collect-only", "-k", "s2")
+    assert len([x for x in result.stdout.splitlines() if "::" in x]) == 4
+
+
+def test_the_run_dir_holds_the_rating_per_stage_and_the_plan(uninterrupted):
+    elo = uninterrupted.elo()
+    assert elo["rating"] is not None and elo["ci95"][0] < elo["rating"] < elo["ci95"][1]
+    stages = elo["stages"]
+    assert [s["stage"] for s in stages] == [1, 2, 3]
+    assert stages[0]["references"] == ["mid", "strong", "weak"]
+    assert len(stages[1]["references"]) == 2 and len(stages[2]["references"]) == 1
+    assert stages[1]["prior_rating"] == pytest.approx(stages[0]["rating"])
+    assert all(s["complete"] for s in stages)
+    assert sum(len(s["task_ids"]) for s in stages) == 12
+    assert len({t for s in stages for t in s["task_ids"]}) == 12  # drawn without replacement
+    assert uninterrupted.metrics()["metrics"] == {"elo": elo["rating"]}
+    kinds = [(r["kind"], r.get("stage")) for r in uninterrupted.stage_records()]
+    assert kinds == [
+        ("seed", None),
+        ("planned", 1),
+        ("complete", 1),
+        ("planned", 2),
+        ("complete", 2),
+        ("planned", 3),
+        ("complete", 3),
+    ]
+
+
+def test_a_seed_drawn_once_is_recorded_and_a_resumed_run_collects_the_same_items(uninterrupted, tmp_path):
+    ids = [x for x in uninterrupted.run("--collect-only").stdout.splitlines() if "::" in x]
+    seed = uninterrupted.stage_records()[0]["seed"]
+    assert uninterrupted.elo()["seed"] == seed
+    again = [x for x in uninterrupted.run("--collect-only").stdout.splitlines() if "::" in x]
+    assert ids == again
+
+
+def test_sigkill_in_stage_2_then_resume_replays_its_plan_and_ends_as_the_uninterrupted_run(
+    tmp_path, uninterrupted
+):
+    project = Project(tmp_path)
+    # The seed is drawn (seed=None), so pin this project's draw to the uninterrupted run's.
+    seed = uninterrupted.stage_records()[0]["seed"]
+    project.write(seed=str(seed))
+    stage1 = 4 * 3  # stage 1: 4 tasks x 3 references
+    result = project.run(KILL_AT_JUDGE=str(stage1 + 3))
+    assert result.returncode == -9, result.stdout + result.stderr
+    records = project.stage_records()
+    assert [r["kind"] for r in records][-2:] == ["complete", "planned"] and records[-1]["stage"] == 2
+    planned = records[-1]
+    judged_before = len(project.log("judge.jsonl"))
+    result = project.run("--resume")
+    assert result.returncode == 0, result.stdout + result.stderr
+    resumed = project.log("judge.jsonl")[judged_before:]
+    stage1_tasks = set(uninterrupted.elo()["stages"][0]["task_ids"])
+    assert not {tid for tid, _, _ in resumed} & stage1_tasks, "stage 1's judge was called again"
+    assert [r for r in project.stage_records() if r["kind"] == "planned" and r["stage"] == 2] == [planned]
+    assert same_metrics(project.metrics(), uninterrupted.metrics())
+    for name in ("memo-predictions.jsonl", "memo-requests.jsonl"):
+        assert (project.out / name).read_bytes() == (uninterrupted.out / name).read_bytes()
+
+
+def test_sigkill_with_no_seed_then_resume_keeps_the_drawn_plan(tmp_path):
+    project = Project(tmp_path)
+    result = project.run(KILL_AT_JUDGE="14")
+    assert result.returncode == -9
+    seed = project.stage_records()[0]["seed"]
+    planned = [r for r in project.stage_records() if r["kind"] == "planned"]
+    result = project.run("--resume")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert project.elo()["seed"] == seed
+    after = [r for r in project.stage_records() if r["kind"] == "planned"]
+    assert after[: len(planned)] == planned
+
+
+def test_a_stage_with_no_judged_pair_stays_incomplete(tmp_path):
+    project = Project(tmp_path)
+    write_reference(tmp_path / "refs", "empty", 0.0)
+    project.write(
+        references="{'empty': Reference(1000, 'refs/empty-predictions.jsonl')}",
+        stages="[Stage(tasks=4)]",
+    )
+    result = project.run()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "stage 1 has no judged pair and stays incomplete" in result.stdout
+    assert [r["kind"] for r in project.stage_records()] == ["seed", "planned"]
+    stage = project.elo()["stages"][0]
+    assert (stage["complete"], stage["judged"], stage["no_answer"]) == (False, 0, 4)
+    assert project.elo()["rating"] is None
+
+
+def test_resume_stage_keeps_earlier_stages_and_plans_the_rest_afresh(tmp_path):
+    project = Project(tmp_path, seed="11")
+    assert project.run().returncode == 0
+    before = project.elo()
+    judged = len(project.log("judge.jsonl"))
+    project.write(
+        seed="11", stages="[Stage(tasks=4), Stage(tasks=4, references=3), Stage(tasks=4, references=1)]"
+    )
+    result = project.run("--resume-stage=2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    after = project.elo()
+    assert after["stages"][0] == before["stages"][0]
+    assert len(after["stages"][1]["references"]) == 3
+    stage1 = set(before["stages"][0]["task_ids"])
+    assert not {tid for tid, _, _ in project.log("judge.jsonl")[judged:]} & stage1
+    assert "4 skipped" in result.stdout  # stage 1's items, reused
+
+
+def test_resume_stage_refuses_when_an_earlier_stage_is_incomplete(tmp_path):
+    project = Project(tmp_path, seed="11")
+    assert project.run(KILL_AT_JUDGE="5").returncode == -9
+    result = project.run("--resume-stage=2")
+    assert result.returncode == 4
+    assert "--resume-stage=2: 'memo' cannot keep stage 1: it is not complete" in result.stderr
+    assert "use --resume-stage=1" in result.stderr
+
+
+def test_resume_stage_without_n_continues_at_the_first_incomplete_stage(tmp_path):
+    project = Project(tmp_path, seed="5")
+    assert project.run(KILL_AT_JUDGE="16").returncode == -9
+    result = project.run("--resume-stage")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert all(s["complete"] for s in project.elo()["stages"])
+
+
+def test_a_changed_stage_config_starts_that_stage_fresh_and_says_what_changed(tmp_path):
+    project = Project(tmp_path, seed="2")
+    assert project.run().returncode == 0
+    project.write(
+        seed="2", stages="[Stage(tasks=4), Stage(tasks=4, references=2), Stage(tasks=4, references=2)]"
+    )
+    result = project.run("--resume")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "memo: stage 3 starts fresh (config changed: stages.3.references)" in result.stdout
+    assert len(project.elo()["stages"][2]["references"]) == 2
+
+
+def test_a_bad_verdict_is_a_judging_failure_never_a_loss(tmp_path):
+    project = Project(tmp_path, seed="1", bad_value="0.7")
+    result = project.run()
+    assert result.returncode == 1
+    assert "the judge returned 0.7; return 1 (win), 0.5 (tie) or 0 (loss)" in result.stdout
+    metrics = project.metrics()
+    assert metrics["num_failed"] == 1 and metrics["failed"][0].startswith("t001[")
+    assert project.elo()["num_judgments"] == sum(s["judged"] for s in project.elo()["stages"])
+
+
+def test_xdist_gives_the_same_plans_and_rating_as_a_serial_run(tmp_path, uninterrupted):
+    pytest.importorskip("xdist")
+    project = Project(tmp_path)
+    project.write(seed=str(uninterrupted.stage_records()[0]["seed"]))
+    result = project.run("-n", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert same_metrics(project.metrics(), uninterrupted.metrics())
+    asked = [tuple(x[:2]) for x in project.log("calls.jsonl")]
+    assert len(asked) == len(set(asked)) == 12
+
+
+def test_replaying_an_elo_run_dir_gives_the_same_rating_with_no_seed(tmp_path, uninterrupted):
+    project = Project(tmp_path)
+    result = project.run(
+        f"--evalreplay-predictions={uninterrupted.out}", f"--evalreplay-output={tmp_path / 're'}"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    replayed = orjson.loads((tmp_path / "re" / "memo-metrics.json").read_bytes())
+    assert replayed["elo"]["rating"] == uninterrupted.elo()["rating"]
+    assert replayed["elo"]["seed"] == uninterrupted.elo()["seed"]
+    assert [s["task_ids"] for s in replayed["elo"]["stages"]] == [
+        s["task_ids"] for s in uninterrupted.elo()["stages"]
+    ]
+
+
+def test_an_llm_judge_is_journaled_never_asked_again_and_replays_without_a_model(tmp_path):
+    project = Project(tmp_path, seed="4", judge="judges.llm('judgemodel')")
+    result = project.run()
+    assert result.returncode == 0, result.stdout + result.stderr
+    asked = project.log("judge-model.jsonl")
+    assert len(asked) == (4 * 3 + 4 * 2 + 4 * 1) * 2  # items x references x 2 position-swapped trials
+    assert (project.out / "memo-judge-predictions.jsonl").exists()
+    assert (project.out / "memo-judge-requests.jsonl").exists()
+    rating = project.elo()["rating"]
+    assert project.run("--resume").returncode == 0
+    assert len(project.log("judge-model.jsonl")) == len(asked)
+    replay = project.run(f"--evalreplay-predictions={project.out}", f"--evalreplay-output={tmp_path / 're'}")
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert len(project.log("judge-model.jsonl")) == len(asked)
+    assert orjson.loads((tmp_path / "re" / "memo-metrics.json").read_bytes())["elo"]["rating"] == rating
+
+
+def test_the_elo_gate_pairs_with_a_baseline_over_shared_tasks(tmp_path):
+    project = Project(tmp_path, seed="9", gate="Gate('elo', min=800, max_drop=50)")
+    assert project.run("--evalreplay-baseline=base.json", "--evalreplay-update-baseline").returncode == 0
+    baseline = orjson.loads((tmp_path / "base.json").read_bytes())
+    assert baseline["tasks"]["memo"]["elo"]["table"]["tasks"]
+    result = project.run("--evalreplay-baseline=base.json", "--evalreplay-model=bad")
+    assert result.returncode == 1
+    assert "gate memo: FAIL" in result.stdout and "dropped" in result.stdout
