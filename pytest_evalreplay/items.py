@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 SESSION_KEY: pytest.StashKey[EvalSession] = pytest.StashKey()
 COLLECTED_KEY: pytest.StashKey[dict[int, str]] = pytest.StashKey()
 REUSED_REASON = "evalreplay: reused from journal"
+_MARK = pytest.mark.evalreplay  # one Mark shared by every item
 
 
 class ItemFailed(Exception):
@@ -106,8 +107,9 @@ class TaskItem(pytest.Item):
     def __init__(self, *, task: EvalTask | EloEval, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.task = task
-        self.add_marker("evalreplay")
-        self.extra_keyword_matches.add(task.name)
+        # -k already matches the task (a parent node's name) and the instance,
+        # stage and rollout (substrings of the item's name): no extra keywords.
+        self.add_marker(_MARK)
 
     @classmethod
     def from_parent(cls, parent: pytest.Collector, **kwargs: Any) -> Self:  # type: ignore[override]
@@ -143,8 +145,6 @@ class RolloutItem(TaskItem):
     def __init__(self, *, key: tuple[int, str, int], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.key = key
-        stage, iid, rollout = key
-        self.extra_keyword_matches.update({iid, f"s{stage}", f"r{rollout}", f"s{stage}-r{rollout}"})
 
     def runtest(self) -> None:
         from pytest_evalreplay.session import ProviderExit

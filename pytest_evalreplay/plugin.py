@@ -91,6 +91,8 @@ class EvalReplayPlugin:
         self.settings = settings
         self._session: EvalSession | None = None
         self._summary: Summary | None = None
+        self._finished: list[pytest.Item] = []
+        self._deselected_all = False
 
     # -- lazily built parts ------------------------------------------------------
 
@@ -211,6 +213,7 @@ class EvalReplayPlugin:
             raise pytest.UsageError(str(exc)) from None
         if deselect:
             gone = [i for i in items if isinstance(i, RolloutItem) and (i.task.name, i.key) in deselect]
+            self._deselected_all = len(gone) == len(items)
             config.hook.pytest_deselected(items=gone)
             gone_ids = {id(i) for i in gone}
             items[:] = [i for i in items if id(i) not in gone_ids]
@@ -260,9 +263,20 @@ class EvalReplayPlugin:
             self.summary.add_report(report)
 
     @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        """After its last report took a copy, an eval item drops its properties:
+        items hold keys, not data, for the rest of a long session."""
+        if self.active and item.user_properties and item.get_closest_marker("evalreplay") is not None:
+            self._finished.append(item)
+        while len(self._finished) > 1:
+            self._finished.pop(0).user_properties.clear()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if not self.active:
             return
+        if self._deselected_all and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            session.exitstatus = pytest.ExitCode.OK  # everything was reused: nothing had to run
         ev = self.session
         try:
             ev.finish()
