@@ -82,14 +82,16 @@ def test_a_bad_requests_line_after_the_last_prediction_is_reported(tmp_path: Pat
     path = jsonl(tmp_path / "t-requests.jsonl", [req("a", "x").to_row(), req("b", "y").to_row()])
     path.write_bytes(path.read_bytes() + b"{oops\n")
     jsonl(tmp_path / "t-predictions.jsonl", [native_pred("a", "x")])
-    with pytest.raises(EvalReplayError, match=rf"{re.escape(str(path))}:3: malformed JSON"):
+    with pytest.raises(EvalReplayError, match=rf"{re.escape(str(path))}:3: not valid JSON"):
         load(tmp_path)
 
 
 def test_a_requests_row_without_a_context_names_its_line(tmp_path: Path) -> None:
     path = jsonl(tmp_path / "t-requests.jsonl", [req("a", "x").to_row(), {"instance_id": "b"}])
     jsonl(tmp_path / "t-predictions.jsonl", [native_pred("a", "x"), native_pred("b", "y")])
-    with pytest.raises(EvalReplayError, match=rf"{re.escape(str(path))}:2: not a row"):
+    with pytest.raises(
+        EvalReplayError, match=rf"{re.escape(str(path))}:2: a requests row needs .*'request_type' is missing"
+    ):
         load(tmp_path)
 
 
@@ -358,7 +360,7 @@ def test_lm_eval_two_runs_of_one_task_are_rejected(tmp_path: Path) -> None:
 def test_lm_eval_malformed_line(tmp_path: Path) -> None:
     path = lm_samples(tmp_path)
     path.write_bytes(path.read_bytes() + b'{"doc_id": 3,\n')
-    with pytest.raises(EvalReplayError, match=rf"{re.escape(str(path))}:5: malformed JSON"):
+    with pytest.raises(EvalReplayError, match=rf"{re.escape(str(path))}:5: not valid JSON"):
         load(path)
 
 

@@ -99,6 +99,47 @@ def test_no_match_is_final_and_says_what_to_check(tmp_path: Path) -> None:
     assert "system prompt" in err.message and str(tmp_path) in err.message
 
 
+def no_match(provider: ReplayProvider, request: Request) -> str:
+    (result,) = provider.generate([request])
+    assert isinstance(result, GenerationError) and not result.retryable
+    assert result.message.startswith("replay: no saved generation matches this prompt")
+    return result.message
+
+
+def test_a_miss_shows_where_the_saved_prompt_of_the_instance_differs(tmp_path: Path) -> None:
+    task = qa_task(system_prompt="Be brief.")
+    path = save_task(tmp_path, task, {"a": ["2"], "b": ["4"], "c": ["6"]})
+    provider = ReplayProvider.from_path(tmp_path)
+    assert provider.index._cache == {}  # nothing is built for misses at load
+    edited = qa_task(system_prompt="Be brief.")
+    edited.prompt = "What is {q} ?"  # a one-character template edit
+    message = no_match(provider, edited.request(QA[1]))
+    assert (
+        f"Nearest save: {path}:2 (this instance), where the context first differs at character 12" in message
+    )
+    assert "after 'What is 2+2': saved '?', this request ' ?'" in message
+    message = no_match(provider, qa_task(system_prompt="Be terse.").request(QA[2]))
+    assert (
+        f"{path}:3 (this instance), where the context is the same but the system prompt is 'Be brief.'"
+        in message
+    )
+    assert "there and 'Be terse.' here" in message
+    # an instance the save does not know: the saved prompt sharing the longest prefix
+    message = no_match(provider, req("zz", "What is 3+3? Think.", system_prompt="Be brief."))
+    assert f"{path}:3 (instance c), where the context first differs at character 13" in message
+    assert "this request's goes on with ' Think.' where the saved one ends" in message
+    chat = no_match(
+        provider, req("a", [{"role": "user", "content": "What is 1+1?"}], system_prompt="Be brief.")
+    )
+    assert "its context is a string and this request's is chat messages" in chat
+
+
+def test_a_miss_on_an_empty_save_says_it_holds_nothing(tmp_path: Path) -> None:
+    save(tmp_path, "t", [], [])
+    message = no_match(ReplayProvider.from_path(tmp_path), req("a"))
+    assert "holds 0 saved prompts" in message and "Nearest" not in message
+
+
 def test_the_system_prompt_is_part_of_the_key(tmp_path: Path) -> None:
     save(tmp_path, "t", [req("a", "same", system_prompt="Be brief.")], [pred("a", "yes")])
     provider = ReplayProvider.from_path(tmp_path)
@@ -246,7 +287,7 @@ def test_a_malformed_line_names_file_and_line(tmp_path: Path, which: str) -> Non
     path = tmp_path / f"t-{which}.jsonl"
     lines = path.read_bytes().splitlines()
     path.write_bytes(lines[0] + b"\n\n" + lines[1][:-5] + b"\n")
-    with pytest.raises(EvalReplayError, match=rf"{re.escape(str(path))}:3: malformed JSON"):
+    with pytest.raises(EvalReplayError, match=rf"{re.escape(str(path))}:3: not valid JSON"):
         ReplayProvider.from_path(tmp_path)
 
 
@@ -339,10 +380,33 @@ def test_rows_appended_by_a_resumed_run_are_merged(tmp_path: Path) -> None:
         tmp_path,
         "t",
         [request, request],
-        [pred("a", "r0", "old", rollouts=[0, 1]), pred("a", "r1", "r2", rollouts=[1, 2])],
+        [pred("a", "r0", "r1", rollouts=[0, 1]), pred("a", "r1", "r2", rollouts=[1, 2])],
     )
     (gens,) = ReplayProvider.from_path(tmp_path).generate([request])
     assert [g.text for g in gens] == ["r0", "r1", "r2"]
+
+
+@pytest.mark.parametrize("layout", ["one row after another", "appended by a resumed run"])
+def test_conflicting_saves_of_one_sample_fail_naming_both_lines(tmp_path: Path, layout: str) -> None:
+    request = req("a", num_samples=2)
+    rows = (
+        [pred("a", "r0", "r1"), pred("a", "r0", "other")]
+        if layout == "one row after another"
+        else [pred("a", "r0", "r1"), pred("a", "other", rollouts=[1])]
+    )
+    path = save(tmp_path, "t", [request, request], rows)
+    (result,) = ReplayProvider.from_path(tmp_path).generate([request])
+    assert isinstance(result, GenerationError) and not result.retryable
+    assert "conflicting saves" in result.message
+    assert f"{path}:1" in result.message and f"{path}:2" in result.message
+    assert "'r1'" in result.message and "'other'" in result.message
+
+
+def test_identical_duplicate_rows_are_one_save(tmp_path: Path) -> None:
+    request = req("a", num_samples=2)
+    save(tmp_path, "t", [request, request], [pred("a", "r0", "r1"), pred("a", "r0", "r1")])
+    (gens,) = ReplayProvider.from_path(tmp_path).generate([request])
+    assert [g.text for g in gens] == ["r0", "r1"]
 
 
 # -- the provider's surface ---------------------------------------------------

@@ -10,6 +10,7 @@ request has exactly one argument pair whose second element is the kwargs dict;
 multiple-choice (loglikelihood) rows have one pair per choice and are skipped.
 `resps[0]` holds one raw text per repeat (the samples). A document appears
 once per filter with the same responses; those rows collapse into one save.
+Samples files gzipped after the run (`.jsonl.gz`) read the same.
 
 `arg_0` is the rendered prompt: few-shot examples, chat template and system
 instruction included. Chat API models log it as a one-element list holding
@@ -18,23 +19,34 @@ the JSON of the message list; that is read back as chat messages.
 
 from __future__ import annotations
 
+import gzip
 import re
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from pytest_evalreplay.files import read_bytes
 from pytest_evalreplay.formats import (
     IndexBuilder,
+    IndexKey,
     SavedRow,
-    bad_row,
-    parse_lines,
+    bad_field,
+    index_key,
+    list_dir,
+    malformed_at,
+    not_an_object,
+    rows_of,
+    split_lines,
 )
-from pytest_evalreplay.model import Context, EvalReplayError, Generation, PromptKey, prompt_key
+from pytest_evalreplay.model import Context, EvalReplayError, Generation
 
 LAYOUT = "lm-eval"
-SAMPLES = re.compile(r"samples_(?P<task>.+)_(?P<date>\d{4}-\d\d-\d\dT[0-9.\-]+)\.jsonl")
-LOOSE_SAMPLES = re.compile(r"samples_(?P<task>.+)\.jsonl")
+SAMPLES = re.compile(r"samples_(?P<task>.+)_(?P<date>\d{4}-\d\d-\d\dT[0-9.\-]+)\.jsonl(?:\.gz)?")
+LOOSE_SAMPLES = re.compile(r"samples_(?P<task>.+)\.jsonl(?:\.gz)?")
+_ARG_INDEX = re.compile(r"(?:gen_args|arg)_(\d+)")
 
 
 def is_samples_file(path: Path) -> bool:
@@ -42,11 +54,11 @@ def is_samples_file(path: Path) -> bool:
 
 
 def samples_files(directory: Path) -> list[Path]:
-    """`samples_*.jsonl` in `directory`, or one level down (lm-eval's
+    """`samples_*.jsonl(.gz)` in `directory`, or one level down (lm-eval's
     per-model folders under the output path)."""
-    found = sorted(p for p in directory.glob("samples_*.jsonl") if p.is_file())
+    found = [p for p in list_dir(directory, "samples_*") if is_samples_file(p) and p.is_file()]
     if not found:
-        found = sorted(p for p in directory.glob("*/samples_*.jsonl") if p.is_file())
+        found = sorted(p for p in directory.glob("*/samples_*") if is_samples_file(p) and p.is_file())
     return found
 
 
@@ -59,10 +71,23 @@ def model_of(path: Path) -> str:
         try:
             doc = orjson.loads(results.read_bytes())
         except (OSError, orjson.JSONDecodeError):
-            doc = None
+            doc = None  # the results file is optional: the folder names the model too
         if isinstance(doc, dict) and isinstance(doc.get("model_name"), str) and doc["model_name"]:
             return doc["model_name"]
     return path.parent.resolve().name
+
+
+def read_samples(path: Path) -> list[bytes]:
+    """A samples file's lines, unpacked first if it is gzipped."""
+    data = read_bytes(path)
+    if path.name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise EvalReplayError(
+                f"{path}: not a readable gzip file ({exc}); unpack it by hand to see what is wrong"
+            ) from None
+    return split_lines(data)
 
 
 def load_files(builder: IndexBuilder, paths: list[Path]) -> None:
@@ -73,59 +98,103 @@ def load_files(builder: IndexBuilder, paths: list[Path]) -> None:
         _load(builder, path)
 
 
+def _rows(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    for lineno, row in rows_of(path, read_samples(path)):
+        where = f"{path}:{lineno}"
+        if type(row) is not dict:
+            raise not_an_object(where, "an lm-eval samples row", row)
+        for name in ("doc_id", "arguments"):
+            if name not in row:
+                raise EvalReplayError(
+                    f"{where}: an lm-eval samples row needs {name!r}, and this one has none; "
+                    "was it written by lm_eval --log_samples?"
+                )
+        doc_id = row["doc_id"]
+        if type(doc_id) is not int and type(doc_id) is not str:
+            raise bad_field(where, "doc_id", "an integer or a string", doc_id)
+        yield lineno, where, row
+
+
 def _load(builder: IndexBuilder, path: Path) -> None:
     match = SAMPLES.fullmatch(path.name) or LOOSE_SAMPLES.fullmatch(path.name)
     task = match["task"] if match else path.stem
     linenos: list[int] = []
-    builder.add_file(path, task, LAYOUT, decode, linenos)
+    builder.add_file(path, task, LAYOUT, decode, linenos, identify=identify)
     blobs = builder.blobs
-    setdefault = builder.keys.setdefault
-    seen: dict[Any, tuple[PromptKey, ...]] = {}  # doc_id -> keys: one save per doc, not per filter
-    for lineno, _, row in parse_lines(path):
-        try:
-            doc_id = row["doc_id"]
-            args = _arguments(row["arguments"])
-            resps = row["resps"]
-            if not isinstance(doc_id, (int, str)):
-                raise TypeError("doc_id")
-        except (KeyError, TypeError, AttributeError, ValueError):
-            raise bad_row(
-                path, lineno, "an lm-eval samples row has 'doc_id', 'arguments' and 'resps'"
-            ) from None
-        if len(args) != 1 or len(args[0]) < 2 or not isinstance(args[0][1], dict):
+    seen: dict[int | str, tuple[IndexKey, ...]] = {}  # doc_id -> keys: one save per doc, not per filter
+    for lineno, where, row in _rows(path):
+        doc_id = row["doc_id"]
+        args = _arguments(row["arguments"], where)
+        if not _is_generation(args):
             builder.skipped += 1  # loglikelihood / multiple choice
             continue
-        try:
-            keys = tuple(prompt_key(context, system) for context, system in _prompts(_context(args[0][0])))
-        except (TypeError, AttributeError):
-            raise bad_row(path, lineno, "arguments.gen_args_0.arg_0 must be the prompt") from None
+        keys = tuple(index_key(context, system) for context, system in _prompts(_context(args[0][0], where)))
         if seen.get(doc_id) == keys:
             continue  # the same document under another filter
         seen[doc_id] = keys
-        if not isinstance(resps, list) or not resps:
-            raise bad_row(path, lineno, "'resps' must hold the generations as [[text, ...]]")
+        if "resps" not in row:
+            raise EvalReplayError(
+                f"{where}: an lm-eval samples row needs 'resps' (the generations), and this one has "
+                "none; was it written by lm_eval --log_samples?"
+            )
+        texts = _texts(row["resps"], where)
         pos = len(blobs)
-        blobs.append(orjson.dumps([doc_id, resps[0]]))  # the row's doc is not needed again
+        blobs.append(orjson.dumps([doc_id, texts]))  # the row's doc is not needed again
         linenos.append(lineno)
         for key in keys:
-            prev = setdefault(key, pos)
-            if prev is not pos:
-                builder.collide(key, prev, pos)
+            builder.insert(key, pos)
 
 
-def _arguments(arguments: Any) -> list[list[Any]]:
+def _is_generation(args: list[list[Any]]) -> bool:
+    return len(args) == 1 and len(args[0]) >= 2 and type(args[0][1]) is dict
+
+
+def _texts(resps: Any, where: str) -> list[str]:
+    """`resps[0]`: the raw texts of one document's samples."""
+    if type(resps) is not list or not resps:
+        raise bad_field(where, "resps", "a non-empty list ([[text, ...]])", resps)
+    texts = resps[0]
+    if type(texts) is str:
+        texts = [texts]
+    if type(texts) is not list or not all(type(t) is str for t in texts):
+        raise bad_field(where, "resps[0]", "a list of generated texts", texts)
+    return texts
+
+
+def _arguments(arguments: Any, where: str) -> list[list[Any]]:
     """`{"gen_args_0": {"arg_0": a, "arg_1": b}, ...}` (or the older list of
     lists) as a list of argument lists, in order."""
-    if isinstance(arguments, list):
-        return [list(a) for a in arguments]
-    ordered = sorted(arguments.items(), key=lambda kv: int(kv[0].rpartition("_")[2]))
-    return [
-        [v for _, v in sorted(arg.items(), key=lambda kv: int(kv[0].rpartition("_")[2]))]
-        for _, arg in ordered
-    ]
+    if type(arguments) is list:
+        if not all(type(a) is list for a in arguments):
+            raise bad_field(where, "arguments", "a list of argument lists", arguments)
+        return arguments
+    if type(arguments) is not dict:
+        raise bad_field(where, "arguments", "an object of gen_args_N (or a list)", arguments)
+    ordered = []
+    for name, arg in arguments.items():
+        if type(arg) is not dict:
+            raise bad_field(where, f"arguments.{name}", "an object of arg_N", arg)
+        ordered.append((_arg_index(name, where, "arguments"), [v for _, v in _sorted_args(arg, where, name)]))
+    return [values for _, values in sorted(ordered, key=lambda kv: kv[0])]
 
 
-def _context(arg0: Any) -> Context:
+def _sorted_args(arg: dict[str, Any], where: str, parent: str) -> list[tuple[int, Any]]:
+    return sorted(
+        ((_arg_index(k, where, f"arguments.{parent}"), v) for k, v in arg.items()), key=lambda kv: kv[0]
+    )
+
+
+def _arg_index(name: str, where: str, parent: str) -> int:
+    match = _ARG_INDEX.fullmatch(name)
+    if match is None:
+        raise EvalReplayError(
+            f"{where}: {parent} has a key {name!r}, where lm-eval writes gen_args_N / arg_N; "
+            "fix or delete that line"
+        )
+    return int(match[1])
+
+
+def _context(arg0: Any, where: str) -> Context:
     """The logged prompt: a string, or (chat APIs) `[json of the messages]`."""
     if isinstance(arg0, list) and len(arg0) == 1 and isinstance(arg0[0], str):
         arg0 = arg0[0]
@@ -140,8 +209,8 @@ def _context(arg0: Any) -> Context:
         ):
             return messages
         return arg0
-    if not isinstance(arg0, str):
-        raise TypeError("prompt is not a string")
+    if type(arg0) is not str:
+        raise bad_field(where, "arguments.gen_args_0.arg_0", "the prompt (a string)", arg0)
     return arg0
 
 
@@ -159,15 +228,19 @@ def _prompts(context: Context) -> list[tuple[Context, str | None]]:
     return found
 
 
+def identify(blob: bytes) -> tuple[int, str] | None:
+    try:
+        doc_id, _ = orjson.loads(blob)
+    except (orjson.JSONDecodeError, ValueError, TypeError):
+        return None
+    return 1, str(doc_id)
+
+
 def decode(blob: bytes, where: str, file: Path) -> SavedRow:
     try:
-        doc_id, texts = orjson.loads(blob)
+        doc_id, texts = orjson.loads(blob)  # written by _load, checked there
     except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
-        raise EvalReplayError(f"{where}: unreadable lm-eval samples row ({exc})") from None
-    if isinstance(texts, str):
-        texts = [texts]
-    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-        raise EvalReplayError(f"{where}: 'resps' must hold the generations as [[text, ...]]")
+        raise malformed_at(where, exc) from None
     return SavedRow(
         instance_id=str(doc_id),
         stage=1,
@@ -184,18 +257,24 @@ def instances(path: str | Path) -> list[dict[str, Any]]:
     `EvalTask(..., instances=instances(path), prompt=lambda i: i["prompt"])`
     renders exactly the prompts lm-eval sent and replay finds their saves."""
     path = Path(path)
-    found: dict[Any, dict[str, Any]] = {}
-    for lineno, _, row in parse_lines(path):
-        try:
-            args = _arguments(row["arguments"])
-            if row["doc_id"] in found or len(args) != 1 or not isinstance(args[0][1], dict):
-                continue
-            found[row["doc_id"]] = {
-                "id": str(row["doc_id"]),
-                "prompt": _context(args[0][0]),
-                "target": row.get("target"),
-                "doc": row.get("doc"),
-            }
-        except (KeyError, TypeError, AttributeError, ValueError, IndexError):
-            raise bad_row(path, lineno, "an lm-eval samples row has 'doc_id' and 'arguments'") from None
+    found: dict[int | str, dict[str, Any]] = {}
+    skipped = 0
+    for _, where, row in _rows(path):
+        args = _arguments(row["arguments"], where)
+        if not _is_generation(args):
+            skipped += 1
+            continue
+        if row["doc_id"] in found:
+            continue
+        found[row["doc_id"]] = {
+            "id": str(row["doc_id"]),
+            "prompt": _context(args[0][0], where),
+            "target": row.get("target"),
+            "doc": row.get("doc"),
+        }
+    if not found:
+        raise EvalReplayError(
+            f"{path}: no generation documents in this samples file ({skipped} loglikelihood or "
+            "multiple-choice rows); lm_eval.instances reads the samples of a generate_until task"
+        )
     return list(found.values())

@@ -5,156 +5,350 @@ of that instance, in the requests file of the same task, says the prompt. The
 plugin writes both files in the same order (batch by batch while running, in
 instance order once finished), so rows are joined in step, and by
 (stage, instance_id) where the order differs. Other files of a run dir
-(manifest, metrics, failures, journal) play no part in replay, except the
-manifest's model as a fallback name.
+(metrics, failures, journal) play no part in replay; the manifest gives the
+model's name when rows do not.
+
+Two ways through a file pair, with the same result:
+
+- in step (`_load_in_step`), for the files the plugin writes: both files the
+  same length, row i of one answering row i of the other. Requests rows are
+  parsed in blocks with C-level passes (no Python work per row); of a
+  predictions row only its prefix `{"instance_id":"..","model":..,"generations":[`
+  is matched, the rest is parsed (and checked) when a request asks for it,
+  where a full parse that disagrees with the prefix fails that request.
+  Anything else (another length, a loglikelihood or staged row, an id or
+  prompt the blocks cannot vouch for) undoes the file's entries and takes
+  the general way.
+- row by row (`_load_general`), every row parsed and checked at load.
 """
 
 from __future__ import annotations
 
+import re
+from itertools import chain, compress, repeat
+from operator import is_, itemgetter, ne, not_
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from pytest_evalreplay.files import read_bytes
 from pytest_evalreplay.formats import (
     IndexBuilder,
+    IndexKey,
     SavedRow,
+    bad_field,
     bad_row,
-    malformed,
-    parse_lines,
-    read_lines,
+    generation_from_row,
+    index_key,
+    list_dir,
+    malformed_at,
+    not_an_object,
+    only_files,
+    require_file,
+    rows_of,
+    show,
+    split_lines,
 )
-from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, prompt_key
+from pytest_evalreplay.model import EvalReplayError
 
 PREDICTIONS_SUFFIX = "-predictions.jsonl"
 REQUESTS_SUFFIX = "-requests.jsonl"
+MANIFEST_FORMAT = "evalreplay/1"
 LAYOUT = "evalreplay"
 LOOK_AHEAD = 8  # requests rows skipped in step (instances that failed) before joining by id
+BLOCK = 2048  # rows per block on the in-step way
 
 # (stage, instance) is keyed by the bare instance id for stage 1 (most rows).
 JoinKey = Any
-_AMBIGUOUS = b""  # a join key with two different prompts in the requests file
+_AMBIGUOUS = object()  # a join key with two different prompts in the requests file
+
+# The prefix of a predictions row as orjson writes `rundir.prediction_row`: an
+# id and a model with nothing escaped, then the generations list. `_PREFIX`
+# finds it at the start of every line but the first (a newline can only stand
+# between lines: inside a JSON string it is escaped).
+_ROW = rb'\{"instance_id":"([^"\\\x00-\x1f]+)","model":("[^"\\\x00-\x1f]*"|null),"generations":\['
+_FIRST = re.compile(_ROW)
+_PREFIX = re.compile(b"\n" + _ROW)
+_REQUEST_FIELDS = itemgetter("instance_id", "request_type", "context", "system_prompt")
+_NOT_IN_STEP = frozenset({"stage", "images", "tools"})  # request keys the in-step way leaves alone
+_GENERATE = {"generate"}
+_STR = {str}
+_NONE = {type(None)}
+_STR_OR_NONE = {str, type(None)}
+_encode = str.encode
 
 
 def prediction_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.glob(f"*{PREDICTIONS_SUFFIX}") if p.is_file())
+    return only_files(list_dir(directory, f"*{PREDICTIONS_SUFFIX}"), "a predictions file")
 
 
 def load_dir(builder: IndexBuilder, directory: Path) -> None:
-    manifest = directory / "manifest.json"
-    if manifest.is_file():
-        try:
-            doc = orjson.loads(manifest.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            doc = None
-        if isinstance(doc, dict) and isinstance(doc.get("model"), str):
-            builder.fallback_model = doc["model"]
+    builder.fallback_model = manifest_model(directory / "manifest.json")
     for path in prediction_files(directory):
         load_file(builder, path)
+
+
+def manifest_model(manifest: Path) -> str | None:
+    """The manifest's model, the name replay reports when rows carry none.
+    A manifest is optional; one that is there must be ours and readable."""
+    if not manifest.exists():
+        return None
+    try:
+        doc = orjson.loads(read_bytes(manifest).removeprefix(b"\xef\xbb\xbf"))
+    except orjson.JSONDecodeError as exc:
+        raise EvalReplayError(
+            f"{manifest}: not valid JSON ({exc}); fix or delete it (replay reads only its model's name)"
+        ) from None
+    if type(doc) is not dict:
+        raise not_an_object(str(manifest), "a run dir manifest", doc)
+    fmt = doc.get("format", MANIFEST_FORMAT)
+    if fmt != MANIFEST_FORMAT:
+        raise EvalReplayError(
+            f"{manifest}: run dir format {show(fmt)}, and this version of pytest-evalreplay reads "
+            f"{MANIFEST_FORMAT!r}: replay it with the version that wrote it, or upgrade"
+        )
+    model = doc.get("model")
+    if model is not None and type(model) is not str:
+        raise bad_field(str(manifest), "model", "a string or null", model)
+    return model
 
 
 def load_file(builder: IndexBuilder, path: Path) -> None:
     task = path.name[: -len(PREDICTIONS_SUFFIX)]
     requests_path = path.with_name(task + REQUESTS_SUFFIX)
-    if not requests_path.is_file():
+    require_file(
+        requests_path,
+        f"{path}: no {requests_path.name} beside it; replay needs the requests file "
+        "to know which prompt each saved row answered (copy it along with the predictions)",
+    )
+    requests = split_lines(read_bytes(requests_path))
+    data = read_bytes(path)
+    lines = split_lines(data)
+    if not _load_in_step(builder, path, task, requests, data, lines):
+        _load_general(builder, path, requests_path, task, requests, lines)
+
+
+# -- the in-step way ----------------------------------------------------------
+
+
+def _load_in_step(
+    builder: IndexBuilder, path: Path, task: str, requests: list[bytes], data: bytes, lines: list[bytes]
+) -> bool:
+    """Index a file pair whose rows correspond one to one; False (with nothing
+    left in the index) where it cannot vouch for the result."""
+    n = len(lines)
+    if n != len(requests) or n == 0 or b'"stage"' in data:
+        return False
+    first = _FIRST.match(data)
+    found = _PREFIX.findall(data)  # each match starts at a newline: one per line from the second on
+    if first is None or len(found) != n - 1:
+        return False
+    saved_ids, saved_models = zip(first.groups(), *found, strict=True)
+    del found
+    keys = builder.keys
+    setdefault = keys.setdefault
+    base = len(builder.blobs)
+    loads = orjson.loads
+    inserted: list[list[IndexKey]] = []
+    done = False
+    try:
+        for a in range(0, n, BLOCK):
+            b = min(a + BLOCK, n)
+            rows = list(map(loads, requests[a:b]))
+            ids, kinds, contexts, systems = zip(*map(_REQUEST_FIELDS, rows), strict=True)
+            if not _NOT_IN_STEP.isdisjoint(chain.from_iterable(rows)):
+                return False
+            del rows
+            if (
+                set(kinds) != _GENERATE
+                or set(map(type, contexts)) != _STR
+                or set(map(type, ids)) != _STR
+                or not set(map(type, systems)) <= _STR_OR_NONE
+                or tuple(map(_encode, ids)) != saved_ids[a:b]
+            ):
+                return False
+            positions = range(base + a, base + b)
+            if None in systems:
+                # A bare context where there is no system prompt, else the pair (see IndexKey).
+                plain = list(map(is_, systems, repeat(None)))
+                paired = list(map(not_, plain))
+                block_keys = [
+                    *compress(contexts, plain),
+                    *zip(compress(contexts, paired), compress(systems, paired), strict=True),
+                ]
+                order = [*compress(positions, plain), *compress(positions, paired)]
+            else:
+                block_keys = list(zip(contexts, systems, strict=True))
+                order = list(positions)
+            inserted.append(block_keys)
+            if any(map(ne, map(setdefault, block_keys, order), order)):
+                return False  # a prompt saved twice: the general way sorts it out
+        models = [None if m == b"null" else orjson.loads(m) for m in set(saved_models)]
+        done = True
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return False  # UnicodeDecodeError is a ValueError
+    finally:
+        if not done:
+            for block_keys in inserted:
+                for key in block_keys:
+                    slot = keys.get(key)
+                    if type(slot) is int and slot >= base:
+                        del keys[key]
+    builder.add_file(path, task, LAYOUT, decode_in_step, identify=identify)
+    builder.blobs.extend(lines)
+    for model in models:
+        builder.note_model(model, path)
+    return True
+
+
+def identify(blob: bytes) -> tuple[int, str] | None:
+    """A predictions row's (stage, instance id) from its prefix, if it has ours."""
+    match = _FIRST.match(blob)
+    if match is None or b'"stage"' in blob:
+        return None
+    try:
+        return 1, match[1].decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def decode_in_step(blob: bytes, where: str, file: Path) -> SavedRow:
+    """`decode`, for a row indexed by its prefix: the full parse must agree
+    with what the prefix said (a duplicated or escaped key could differ)."""
+    row = parse(blob, where)
+    saved = row_from(row, where, file)
+    match = _FIRST.match(blob)
+    if (
+        match is None
+        or saved.stage != 1
+        or match[1].decode() != saved.instance_id
+        or orjson.loads(match[2]) != row.get("model")
+    ):
         raise EvalReplayError(
-            f"{path}: no {requests_path.name} beside it; replay needs the requests file "
-            "to know which prompt each saved row answered (copy it along with the predictions)"
+            f"{where}: the row's instance_id, model or stage reads differently in full than in "
+            "its first fields (a key given twice, or spelled with escapes); write each key once"
         )
-    joins, prompts = read_requests(requests_path)
-    lines = read_lines(path)
-    base = builder.add_file(path, task, LAYOUT, decode).start
+    return saved
+
+
+# -- the general way ----------------------------------------------------------
+
+
+def _load_general(
+    builder: IndexBuilder,
+    path: Path,
+    requests_path: Path,
+    task: str,
+    requests: list[bytes],
+    lines: list[bytes],
+) -> None:
+    joins, prompts = read_requests(requests_path, requests)
+    base = builder.add_file(path, task, LAYOUT, decode, identify=identify).start
     builder.blobs.extend(lines)  # every line, so a line number is position - base + 1
     n = len(joins)
     i = 0  # the requests row expected next
-    table: dict[JoinKey, PromptKey | None] | None = None
-    setdefault = builder.keys.setdefault
-    loads = orjson.loads
+    table: dict[JoinKey, IndexKey | None] | None = None
     model: Any = None
-    skipped = 0
-    for pos, line in enumerate(lines, base):
-        try:
-            row = loads(line)
-        except orjson.JSONDecodeError as exc:
-            if line.strip():
-                raise malformed(path, pos - base + 1, exc) from None
-            continue
-        try:
-            iid = row["instance_id"]
-            stage = row.get("stage", 1)
-            row_model = row.get("model")
-            gens = row["generations"]
-            k = iid if stage == 1 else (stage, iid)
-            if i < n and joins[i] == k:
-                key = prompts[i]
-                i += 1
+    for lineno, row in rows_of(path, lines):
+        where = f"{path}:{lineno}"
+        if type(row) is not dict:
+            raise not_an_object(where, "a predictions row", row)
+        if "instance_id" not in row or "generations" not in row:
+            raise bad_row(path, lineno, "a predictions row needs 'instance_id' and 'generations'")
+        iid = row["instance_id"]
+        if type(iid) is not str:
+            raise bad_field(where, "instance_id", "a string", iid)
+        stage = stage_of(row, where)
+        if type(row["generations"]) is not list:
+            raise bad_field(where, "generations", "a list", row["generations"])
+        row_model = row.get("model")
+        if row_model is not None and type(row_model) is not str:
+            raise bad_field(where, "model", "a string or null", row_model)
+        k = iid if stage == 1 else (stage, iid)
+        if i < n and joins[i] == k:
+            key = prompts[i]
+            i += 1
+        else:
+            j = _find(joins, k, i, min(n, i + LOOK_AHEAD))
+            if j >= 0:
+                key = prompts[j]
+                i = j + 1
             else:
-                j = _find(joins, k, i, min(n, i + LOOK_AHEAD))
-                if j >= 0:
-                    key = prompts[j]
-                    i = j + 1
-                else:
-                    if table is None:
-                        table = _table(joins, prompts)
-                    key = table[k]
-                    if key is _AMBIGUOUS:
-                        raise EvalReplayError(
-                            f"{requests_path}: instance {iid!r} (stage {stage}) appears with "
-                            f"different prompts, and {path}:{pos - base + 1} cannot be matched "
-                            "to one of them by order; was the file edited or concatenated?"
-                        )
-        except KeyError:
-            lineno = pos - base + 1
-            if isinstance(row, dict) and "instance_id" in row and "generations" in row:
-                raise EvalReplayError(
-                    f"{path}:{lineno}: predictions row for instance {row['instance_id']!r} "
-                    f"(stage {row.get('stage', 1)}) has no row in {requests_path.name}, so its "
-                    "prompt is unknown; restore the requests file the run wrote, or delete the row"
-                ) from None
-            raise bad_row(path, lineno, "a predictions row needs 'instance_id' and 'generations'") from None
-        except (TypeError, AttributeError):
-            raise bad_row(
-                path, pos - base + 1, "a predictions row is an object with a string 'instance_id'"
-            ) from None
-        if type(gens) is not list:
-            raise bad_row(path, pos - base + 1, "'generations' must be a list")
+                if table is None:
+                    table = _table(joins, prompts)
+                if k not in table:
+                    raise EvalReplayError(
+                        f"{where}: predictions row for instance {show(iid)} (stage {stage}) has no row in "
+                        f"{requests_path.name}, so its prompt is unknown; restore the requests file the "
+                        "run wrote, or delete the row"
+                    )
+                key = table[k]
+                if key is _AMBIGUOUS:
+                    raise EvalReplayError(
+                        f"{requests_path}: instance {show(iid)} (stage {stage}) appears with "
+                        f"different prompts, and {where} cannot be matched to one of them by order; "
+                        "was the file edited or concatenated?"
+                    )
         if row_model != model:
             builder.note_model(row_model, path)
             model = row_model
         if key is None:
-            skipped += 1
+            builder.skipped += 1
             continue
-        prev = setdefault(key, pos)
-        if prev is not pos:
-            builder.collide(key, prev, pos)
-    builder.skipped += skipped
+        builder.insert(key, base + lineno - 1)
 
 
-def read_requests(path: Path) -> tuple[list[JoinKey], list[PromptKey | None]]:
+def stage_of(row: dict[str, Any], where: str) -> int:
+    stage = row.get("stage", 1)
+    if type(stage) is not int or stage < 1:
+        raise bad_field(where, "stage", "a positive integer", stage)
+    return stage
+
+
+def read_requests(path: Path, lines: list[bytes]) -> tuple[list[JoinKey], list[IndexKey | None]]:
     """Each requests row's join key and prompt key, in file order; the prompt
     key is None for rows replay skips (loglikelihood, images, tools)."""
     joins: list[JoinKey] = []
-    prompts: list[PromptKey | None] = []
-    add_join, add_prompt = joins.append, prompts.append
-    key_of = prompt_key
-    for lineno, _, row in parse_lines(path):
-        try:
-            iid = row["instance_id"]
-            stage = row.get("stage", 1)
-            if row["request_type"] == "generate" and (
-                ("images" not in row or not row["images"]) and ("tools" not in row or not row["tools"])
-            ):
-                add_prompt(key_of(row["context"], row.get("system_prompt")))
-            else:
-                add_prompt(None)
-        except (KeyError, TypeError, AttributeError):
-            raise bad_row(
-                path,
-                lineno,
-                "a requests row is an object with 'instance_id', 'request_type', 'context' "
-                "and a string or null 'system_prompt'",
-            ) from None
-        add_join(iid if stage == 1 else (stage, iid))
+    prompts: list[IndexKey | None] = []
+    for lineno, row in rows_of(path, lines):
+        where = f"{path}:{lineno}"
+        if type(row) is not dict:
+            raise not_an_object(where, "a requests row", row)
+        for name in ("instance_id", "request_type", "context"):
+            if name not in row:
+                raise bad_row(
+                    path,
+                    lineno,
+                    f"a requests row needs 'instance_id', 'request_type' and 'context'; {name!r} is missing",
+                )
+        iid = row["instance_id"]
+        if type(iid) is not str:
+            raise bad_field(where, "instance_id", "a string", iid)
+        stage = stage_of(row, where)
+        kind = row["request_type"]
+        if type(kind) is not str:
+            raise bad_field(where, "request_type", "'generate' or 'loglikelihood'", kind)
+        context = row["context"]
+        if type(context) is not str and type(context) is not list:
+            raise bad_field(where, "context", "a string or a list of chat messages", context)
+        system = row.get("system_prompt")
+        if system is not None and type(system) is not str:
+            raise bad_field(where, "system_prompt", "a string or null", system)
+        extras = False
+        for name in ("images", "tools"):
+            value = row.get(name)
+            if value is not None and type(value) is not list:
+                raise bad_field(where, name, "a list or null", value)
+            extras = extras or bool(value)
+        if kind == "generate" and not extras:
+            try:
+                prompts.append(index_key(context, system))
+            except TypeError as exc:
+                raise bad_field(where, "context", f"JSON orjson can encode ({exc})", context) from None
+        else:
+            prompts.append(None)
+        joins.append(iid if stage == 1 else (stage, iid))
     return joins, prompts
 
 
@@ -165,41 +359,56 @@ def _find(joins: list[JoinKey], k: JoinKey, start: int, stop: int) -> int:
     return -1
 
 
-def _table(joins: list[JoinKey], prompts: list[PromptKey | None]) -> dict[JoinKey, PromptKey | None]:
+def _table(joins: list[JoinKey], prompts: list[IndexKey | None]) -> dict[JoinKey, Any]:
     """Join key -> prompt key for rows that cannot be joined in step."""
-    table: dict[JoinKey, PromptKey | None] = {}
+    table: dict[JoinKey, Any] = {}
     for k, key in zip(joins, prompts, strict=True):
         prev = table.setdefault(k, key)
-        if prev != key:
+        if prev is not _AMBIGUOUS and prev != key:
             table[k] = _AMBIGUOUS
     return table
 
 
 def decode(blob: bytes, where: str, file: Path) -> SavedRow:
+    return row_from(parse(blob, where), where, file)
+
+
+def parse(blob: bytes, where: str) -> dict[str, Any]:
     try:
         row = orjson.loads(blob)
-        iid = row["instance_id"]
-        gens = [Generation.from_row(g, where) for g in row["generations"]]
-        rollouts = row.get("rollouts")
-        stage = row.get("stage", 1)
-    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-        raise EvalReplayError(f"{where}: unreadable predictions row ({exc})") from None
+    except orjson.JSONDecodeError as exc:
+        raise malformed_at(where, exc) from None
+    if type(row) is not dict:
+        raise not_an_object(where, "a predictions row", row)
+    return row
+
+
+def row_from(row: dict[str, Any], where: str, file: Path) -> SavedRow:
+    iid = row.get("instance_id")
+    if type(iid) is not str:
+        raise bad_field(where, "instance_id", "a string", iid)
+    gens = row.get("generations")
+    if type(gens) is not list:
+        raise bad_field(where, "generations", "a list", gens)
+    generations = tuple(generation_from_row(g, where, i) for i, g in enumerate(gens))
+    rollouts = row.get("rollouts")
     if rollouts is None:
-        rollouts = list(range(len(gens)))
-    if (
-        not isinstance(rollouts, list)
-        or len(rollouts) != len(gens)
+        rollouts = list(range(len(generations)))
+    elif (
+        type(rollouts) is not list
+        or len(rollouts) != len(generations)
         or not all(type(r) is int and r >= 0 for r in rollouts)
+        or len(set(rollouts)) != len(rollouts)
     ):
         raise EvalReplayError(
-            f"{where}: 'rollouts' must list one sample index per generation "
-            f"({len(gens)} generations, rollouts {rollouts!r})"
+            f"{where}: 'rollouts' must list one distinct sample index per generation "
+            f"({len(generations)} generations, rollouts {show(rollouts)}); fix or delete that line"
         )
     return SavedRow(
-        instance_id=str(iid),
-        stage=stage if type(stage) is int else 1,
+        instance_id=iid,
+        stage=stage_of(row, where),
         rollouts=tuple(rollouts),
-        generations=tuple(gens),
+        generations=generations,
         where=where,
         file=file,
     )

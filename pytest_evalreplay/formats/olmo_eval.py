@@ -26,12 +26,22 @@ import orjson
 
 from pytest_evalreplay.formats import (
     IndexBuilder,
+    IndexKey,
     SavedRow,
+    bad_field,
     bad_row,
     first_row,
+    index_key,
+    list_dir,
+    malformed_at,
+    not_an_object,
+    only_files,
     parse_lines,
+    require_file,
+    show,
+    token_count,
 )
-from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, prompt_key
+from pytest_evalreplay.model import EvalReplayError, Generation
 
 PREDICTIONS_SUFFIX = "-predictions.jsonl"
 REQUESTS_SUFFIX = "-requests.jsonl"
@@ -40,7 +50,8 @@ GENERATE_TYPES = frozenset({"generate_until"})
 
 
 def is_results_dir(path: Path) -> bool:
-    return (path / "predictions").is_dir() and (path / "requests").is_dir()
+    """`<out>/` of olmo-eval: a `predictions/` folder (and no run dir files of ours)."""
+    return (path / "predictions").is_dir() and not any(path.glob(f"*{PREDICTIONS_SUFFIX}"))
 
 
 def is_model_dir(path: Path) -> bool:
@@ -66,11 +77,17 @@ def _requests_for(path: Path) -> Path:
 
 
 def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.glob(f"*{PREDICTIONS_SUFFIX}") if p.is_file())
+    return only_files(list_dir(directory, f"*{PREDICTIONS_SUFFIX}"), "a predictions file")
 
 
 def load_results_dir(builder: IndexBuilder, root: Path) -> None:
-    models = sorted(p for p in (root / "predictions").iterdir() if p.is_dir())
+    if not (root / "requests").is_dir():
+        raise EvalReplayError(
+            f"{root}: an olmo-eval results dir with predictions/ but no requests/ beside it; replay "
+            "needs requests/<model>/*-requests.jsonl to know which prompt each saved row answered "
+            "(copy it along with the predictions)"
+        )
+    models = [p for p in list_dir(root / "predictions", "*") if p.is_dir()]
     files = [f for m in models for f in _files(m)]
     if not files:
         raise EvalReplayError(
@@ -92,63 +109,85 @@ def load_dir(builder: IndexBuilder, directory: Path) -> None:
 
 def load_file(builder: IndexBuilder, path: Path) -> None:
     requests_path = _requests_for(path)
-    if not requests_path.is_file():
-        raise EvalReplayError(
-            f"{path}: no {requests_path} for it; replay needs olmo-eval's requests file "
-            "to know which prompt each saved row answered"
-        )
-    in_tree = path.parent.parent.name == "predictions"
-    if in_tree:
+    require_file(
+        requests_path,
+        f"{path}: no {requests_path} for it; replay needs olmo-eval's requests file "
+        "to know which prompt each saved row answered (copy it along with the predictions)",
+    )
+    if path.parent.parent.name == "predictions":
         builder.note_model(path.parent.name, path)
     prompts = _read_prompts(requests_path)
     task = path.name[: -len(PREDICTIONS_SUFFIX)]
     linenos: list[int] = []
     builder.add_file(path, task, LAYOUT, decode, linenos)
     blobs = builder.blobs
-    setdefault = builder.keys.setdefault
     for lineno, line, row in parse_lines(path):
-        if not isinstance(row, dict) or "doc_id" not in row or "model_output" not in row:
-            raise bad_row(path, lineno, "an olmo-eval predictions row has 'doc_id' and 'model_output'")
-        doc_id = row["doc_id"]
-        try:
-            keys = prompts[doc_id]
-        except (KeyError, TypeError):
+        where = f"{path}:{lineno}"
+        if type(row) is not dict:
+            raise not_an_object(where, "an olmo-eval predictions row", row)
+        if "doc_id" not in row or "model_output" not in row:
+            raise bad_row(path, lineno, "an olmo-eval predictions row needs 'doc_id' and 'model_output'")
+        doc_id = _doc_id(row["doc_id"], where)
+        if type(row["model_output"]) is not list:
+            raise bad_field(where, "model_output", "a list (one entry per sample)", row["model_output"])
+        if doc_id not in prompts:
             raise EvalReplayError(
-                f"{path}:{lineno}: doc_id {doc_id!r} has no generate row in {requests_path}, "
+                f"{where}: doc_id {show(doc_id)} has no generate row in {requests_path}, "
                 "so its prompt is unknown; restore the requests file of that run"
-            ) from None
-        if keys is None:
+            )
+        key = prompts[doc_id]
+        if key is None:
             builder.skipped += 1
             continue
         pos = len(blobs)
         blobs.append(line)
         linenos.append(lineno)
-        prev = setdefault(keys, pos)
-        if prev is not pos:
-            builder.collide(keys, prev, pos)
+        builder.insert(key, pos)
 
 
-def _read_prompts(path: Path) -> dict[Any, PromptKey | None]:
+def _doc_id(value: Any, where: str) -> int | str:
+    if type(value) is int or type(value) is str:
+        return value
+    raise bad_field(where, "doc_id", "an integer or a string", value)
+
+
+def _read_prompts(path: Path) -> dict[int | str, IndexKey | None]:
     """doc_id -> prompt key (None: a kind replay skips). oe-eval writes one
     loglikelihood row per answer choice, so a doc_id may repeat."""
-    prompts: dict[Any, PromptKey | None] = {}
+    prompts: dict[int | str, IndexKey | None] = {}
     for lineno, _, row in parse_lines(path):
-        try:
-            doc_id = row["doc_id"]
-            request = row["request"]
-            key: PromptKey | None = None
-            if row.get("request_type") in GENERATE_TYPES and not request.get("tools"):
-                key = prompt_key(request["context"], request.get("system_prompt"))
-            prev = prompts.setdefault(doc_id, key)
-        except (KeyError, TypeError, AttributeError):
+        where = f"{path}:{lineno}"
+        if type(row) is not dict:
+            raise not_an_object(where, "an olmo-eval requests row", row)
+        if "doc_id" not in row or "request" not in row:
             raise bad_row(
-                path,
-                lineno,
-                "an olmo-eval requests row has 'doc_id', 'request_type' and 'request': {'context', ...}",
-            ) from None
+                path, lineno, "an olmo-eval requests row needs 'doc_id', 'request_type' and 'request'"
+            )
+        doc_id = _doc_id(row["doc_id"], where)
+        request = row["request"]
+        if type(request) is not dict:
+            raise not_an_object(where, "'request'", request)
+        kind = row.get("request_type")
+        if type(kind) is not str:
+            raise bad_field(where, "request_type", "a string such as 'generate_until'", kind)
+        key: IndexKey | None = None
+        if kind in GENERATE_TYPES and not request.get("tools"):
+            context = request.get("context")
+            if type(context) is not str and type(context) is not list:
+                raise bad_field(where, "request.context", "a string or a list of chat messages", context)
+            system = request.get("system_prompt")
+            if system is not None and type(system) is not str:
+                raise bad_field(where, "request.system_prompt", "a string or null", system)
+            try:
+                key = index_key(context, system)
+            except TypeError as exc:
+                raise bad_field(
+                    where, "request.context", f"JSON orjson can encode ({exc})", context
+                ) from None
+        prev = prompts.setdefault(doc_id, key)
         if prev != key:
             raise EvalReplayError(
-                f"{path}:{lineno}: doc_id {doc_id!r} appears again with a different prompt "
+                f"{where}: doc_id {show(doc_id)} appears again with a different prompt "
                 "or request type; replay needs one generate prompt per doc_id"
             )
     return prompts
@@ -157,13 +196,19 @@ def _read_prompts(path: Path) -> dict[Any, PromptKey | None]:
 def decode(blob: bytes, where: str, file: Path) -> SavedRow:
     try:
         row = orjson.loads(blob)
-        outputs = row["model_output"]
-        iid = row.get("native_id")
-        if iid is None:
-            iid = row["doc_id"]
-        gens = tuple(_generation(out, where) for out in outputs)
-    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise EvalReplayError(f"{where}: unreadable olmo-eval predictions row ({exc})") from None
+    except orjson.JSONDecodeError as exc:
+        raise malformed_at(where, exc) from None
+    if type(row) is not dict:
+        raise not_an_object(where, "an olmo-eval predictions row", row)
+    outputs = row.get("model_output")
+    if type(outputs) is not list:
+        raise bad_field(where, "model_output", "a list (one entry per sample)", outputs)
+    iid = row.get("native_id")
+    if iid is None:
+        iid = _doc_id(row.get("doc_id"), where)
+    elif type(iid) is not str and type(iid) is not int:
+        raise bad_field(where, "native_id", "a string, an integer or null", iid)
+    gens = tuple(_generation(out, where, i) for i, out in enumerate(outputs))
     return SavedRow(
         instance_id=str(iid),
         stage=1,
@@ -174,19 +219,26 @@ def decode(blob: bytes, where: str, file: Path) -> SavedRow:
     )
 
 
-def _generation(out: Any, where: str) -> Generation:
+def _generation(out: Any, where: str, index: int) -> Generation:
+    name = f"model_output[{index}]"
+    if type(out) is not dict:
+        raise not_an_object(where, name, out)
     text = out.get("text")
     if text is None:
         text = out.get("continuation")
-    if not isinstance(text, str):
-        raise EvalReplayError(f"{where}: a model_output entry has no string 'text' (or 'continuation')")
+    if type(text) is not str:
+        raise bad_field(where, f"{name}.text", "a string (or 'continuation', oe-eval's name)", text)
     original = out.get("original_text")
-    num_tokens = out.get("num_tokens")
+    if original is not None and type(original) is not str:
+        raise bad_field(where, f"{name}.original_text", "a string or null", original)
+    finish = out.get("finish_reason")
+    if finish is not None and type(finish) is not str:
+        raise bad_field(where, f"{name}.finish_reason", "a string or null", finish)
     return Generation(
         text=text,
-        original_text=original if isinstance(original, str) else None,
-        finish_reason=out.get("finish_reason"),
-        completion_tokens=num_tokens if type(num_tokens) is int else None,
+        original_text=original,
+        finish_reason=finish,
+        completion_tokens=token_count(out.get("num_tokens"), where, f"{name}.num_tokens"),
     )
 
 
@@ -196,19 +248,40 @@ def instances(path: str | Path) -> list[dict[str, Any]]:
     "doc"}` per generate request, so that `EvalTask(..., prompt=lambda i:
     i["prompt"], system_prompt=...)` renders the prompts olmo-eval sent."""
     path = Path(path)
-    found: dict[Any, dict[str, Any]] = {}
+    found: dict[int | str, dict[str, Any]] = {}
+    skipped = 0
     for lineno, _, row in parse_lines(path):
-        try:
-            if row["doc_id"] in found or row.get("request_type") not in GENERATE_TYPES:
-                continue
-            found[row["doc_id"]] = {
-                "id": str(row["doc_id"]),
-                "prompt": row["request"]["context"],
-                "system_prompt": row["request"].get("system_prompt"),
-                "target": row.get("label"),
-                "native_id": row.get("native_id"),
-                "doc": row.get("doc"),
-            }
-        except (KeyError, TypeError, AttributeError):
-            raise bad_row(path, lineno, "an olmo-eval requests row has 'doc_id' and 'request'") from None
+        where = f"{path}:{lineno}"
+        if type(row) is not dict:
+            raise not_an_object(where, "an olmo-eval requests row", row)
+        if "doc_id" not in row or "request" not in row:
+            raise bad_row(path, lineno, "an olmo-eval requests row needs 'doc_id' and 'request'")
+        doc_id = _doc_id(row["doc_id"], where)
+        if row.get("request_type") not in GENERATE_TYPES:
+            skipped += 1
+            continue
+        if doc_id in found:
+            continue
+        request = row["request"]
+        if type(request) is not dict:
+            raise not_an_object(where, "'request'", request)
+        context = request.get("context")
+        if type(context) is not str and type(context) is not list:
+            raise bad_field(where, "request.context", "a string or a list of chat messages", context)
+        system = request.get("system_prompt")
+        if system is not None and type(system) is not str:
+            raise bad_field(where, "request.system_prompt", "a string or null", system)
+        found[doc_id] = {
+            "id": str(doc_id),
+            "prompt": context,
+            "system_prompt": system,
+            "target": row.get("label"),
+            "native_id": row.get("native_id"),
+            "doc": row.get("doc"),
+        }
+    if not found:
+        raise EvalReplayError(
+            f"{path}: no generate_until requests in this file ({skipped} rows of other kinds); "
+            "olmo_eval.instances reads the requests of a generation task"
+        )
     return list(found.values())

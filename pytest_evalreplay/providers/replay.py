@@ -14,12 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_evalreplay.formats import SavedIndex, SavedRow, load
+from pytest_evalreplay.formats import SavedIndex, SavedRow, key_of, load, show
+from pytest_evalreplay.formats.closest import closest, describe
 from pytest_evalreplay.model import (
     EvalReplayError,
     GenerateResult,
     Generation,
     GenerationError,
+    PromptKey,
     Request,
 )
 from pytest_evalreplay.options import Settings
@@ -28,12 +30,14 @@ from pytest_evalreplay.options import Settings
 @dataclass(frozen=True)
 class Save:
     """One instance's saved samples (the rows of one file for one instance and
-    stage, merged: a resumed run appends rows that each hold some rollouts)."""
+    stage, merged: a resumed run appends rows that each hold some rollouts).
+    `conflicts` says where two rows give one sample different texts."""
 
     instance_id: str
     stage: int
     samples: dict[int, Generation]
     where: tuple[str, ...]
+    conflicts: tuple[str, ...] = ()
 
     @property
     def texts(self) -> tuple[str, ...]:
@@ -41,25 +45,36 @@ class Save:
 
 
 def merge(rows: Sequence[SavedRow]) -> list[Save]:
-    """Group rows by (file, stage, instance); a later row's sample wins."""
+    """Group rows by (file, stage, instance). A sample saved twice with the same
+    text is one sample; with different texts, a conflict (never last-wins)."""
     groups: dict[tuple[Path, int, str], list[SavedRow]] = {}
     for row in rows:
         groups.setdefault((row.file, row.stage, row.instance_id), []).append(row)
     saves = []
     for (_, stage, iid), group in groups.items():
         samples: dict[int, Generation] = {}
+        found_at: dict[int, str] = {}
+        conflicts: list[str] = []
         for row in group:
-            samples.update(zip(row.rollouts, row.generations, strict=True))
-        saves.append(Save(iid, stage, samples, tuple(r.where for r in group)))
+            for r, generation in zip(row.rollouts, row.generations, strict=True):
+                first = samples.setdefault(r, generation)
+                if first is generation:
+                    found_at[r] = row.where
+                elif first.raw_text != generation.raw_text:
+                    conflicts.append(
+                        f"sample {r} of instance {iid} is {show(first.raw_text, 40)} at {found_at[r]} "
+                        f"but {show(generation.raw_text, 40)} at {row.where}"
+                    )
+        saves.append(Save(iid, stage, samples, tuple(r.where for r in group), tuple(conflicts)))
     return saves
 
 
-def choose(saves: Sequence[Save], stage: int) -> Save | None:
-    """The save to serve: all saves of the prompt agree, or failing that all
-    saves of the request's stage do. None when they disagree."""
-    for candidates in (saves, [s for s in saves if s.stage == stage]):
+def choose(saves: Sequence[Save], stage: int) -> list[Save] | None:
+    """The saves that serve a request: all saves of the prompt when they agree,
+    failing that all saves of the request's stage. None when they disagree."""
+    for candidates in (list(saves), [s for s in saves if s.stage == stage]):
         if candidates and all(s.texts == candidates[0].texts for s in candidates[1:]):
-            return candidates[0]
+            return candidates
     return None
 
 
@@ -114,14 +129,20 @@ class ReplayProvider:
                 "the text prompt only: score this task with a live provider"
             )
         try:
-            rows = self.index.rows(request.prompt_key)
+            prompt = request.prompt_key
+        except TypeError as exc:  # chat messages orjson cannot encode (a lone surrogate, a set...)
+            return GenerationError(
+                f"replay: this request's context cannot be written as JSON ({exc}; {where})"
+            )
+        try:
+            rows = self.index.rows(prompt)
         except EvalReplayError as exc:
             return GenerationError(f"replay: {exc} ({where})")
         if not rows:
-            return GenerationError(self._no_match(where))
+            return GenerationError(self._no_match(request, prompt, where))
         saves = merge(rows)
-        save = choose(saves, request.stage)
-        if save is None:
+        chosen = choose(saves, request.stage)
+        if chosen is None:
             listing = ", ".join(
                 f"{s.where[0]} (instance {s.instance_id}" + (f", stage {s.stage})" if s.stage != 1 else ")")
                 for s in saves[:4]
@@ -132,6 +153,14 @@ class ReplayProvider:
                 f"generations: {listing}{more}; replay cannot tell which to serve: give those "
                 "instances distinct prompts, or delete the saves you do not want"
             )
+        conflicts = [c for s in chosen for c in s.conflicts]
+        if conflicts:
+            more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+            return GenerationError(
+                f"replay: conflicting saves of this prompt ({where}): {conflicts[0]}{more}; replay "
+                "cannot tell which is right: delete the row you do not want"
+            )
+        save = chosen[0]
         want = request.num_samples
         if len(save.samples) != want:
             return GenerationError(
@@ -150,29 +179,39 @@ class ReplayProvider:
     def first_sample(self, request: Request) -> Generation | None:
         """The first saved sample answering the request's prompt, whatever the
         saved sample count (a reference's answer in a pairwise judgment); None
-        when the prompt is not saved. Conflicting saves raise EvalReplayError."""
+        when the prompt is not saved. Saves that disagree raise EvalReplayError."""
         rows = self.index.rows(request.prompt_key)
         if not rows:
             return None
         saves = merge(rows)
-        save = choose(saves, request.stage)
-        if save is None or not save.samples:
-            where = ", ".join(s.where[0] for s in saves[:3])
+        chosen = choose(saves, request.stage)
+        conflicts = [c for save in chosen or () for c in save.conflicts]
+        if chosen is None or conflicts or not chosen[0].samples:
+            where = conflicts[0] if conflicts else ", ".join(s.where[0] for s in saves[:3])
             raise EvalReplayError(
                 f"the saved answers to this prompt disagree ({where}); delete the one you do not want"
             )
+        save = chosen[0]
         return served(save.samples[min(save.samples)])
 
-    def _no_match(self, where: str) -> str:
+    def _no_match(self, request: Request, prompt: PromptKey, where: str) -> str:
         skipped = (
             f" ({self.index.skipped} loglikelihood, image or tool saves were skipped)"
             if self.index.skipped
             else ""
         )
+        hint = ""
+        try:
+            near = closest(self.index, prompt, request.stage, request.instance_id)
+        except EvalReplayError:
+            near = None
+        if near is not None:
+            whose = "this instance" if near.same_instance else f"instance {near.instance or '?'}"
+            hint = f" Nearest save: {near.where} ({whose}), where {describe(near.key, key_of(prompt))}."
         return (
             f"replay: no saved generation matches this prompt ({where}); "
-            f"{self.index.source} holds {len(self.index)} saved prompts{skipped}: "
-            "check that the task renders the same context and system prompt as the saved run"
+            f"{self.index.source} holds {len(self.index)} saved prompts{skipped}.{hint} "
+            "Check that the task renders the same context and system prompt as the saved run"
         )
 
 

@@ -1,20 +1,28 @@
 """The `vllm` provider: an in-process vLLM engine.
 
-One `vllm.LLM` per provider, started on the first `generate` (so a fully
-resumed session never pays the start-up) and shut down by `close()`. Every
-call sends all its text requests through one `LLM.generate` and all its chat
-requests through one `LLM.chat`, so vLLM schedules the whole batch itself.
+One `vllm.LLM` per provider, started on the first batch that needs it (so a
+fully resumed session never pays the start-up) and shut down by `close()`.
+
+A batch is streamed: every engine request of every request in the batch is
+added to the engine first (through `LLM.enqueue` / `LLM.enqueue_chat`, which
+render prompts exactly as `LLM.generate` / `LLM.chat` do), so continuous
+batching sees the whole batch; then the provider drives the engine's step
+loop itself and hands back each request's result as soon as all its engine
+requests have finished, instead of when the last one of the batch has.
 
 vLLM is imported here only, and only when an engine starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import inspect
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_evalreplay.model import (
@@ -42,6 +50,14 @@ _RESERVED = frozenset(
     {"n", "output_kind", "detokenize", "skip_clone", "output_text_buffer_length", "stream_interval"}
 )
 
+# Finish reasons that mean the engine gave up on a request rather than
+# finishing it: vLLM's "abort" (cancelled) and "error" (a retryable
+# request-level failure, such as a KV-cache transfer error).
+_ENGINE_FAILURES = {
+    "abort": "vLLM aborted the request",
+    "error": "vLLM reported an internal error for the request",
+}
+
 
 def from_settings(settings: Settings) -> VllmProvider:
     if not settings.model:
@@ -52,7 +68,9 @@ def from_settings(settings: Settings) -> VllmProvider:
         raise EvalReplayError("--evalreplay-engine-arg model=... is not allowed; use --evalreplay-model")
     if importlib.util.find_spec("vllm") is None:
         raise EvalReplayError(MISSING_VLLM)
-    return VllmProvider(settings.model, settings.engine_args, quiet=settings.quiet)
+    return VllmProvider(
+        settings.model, settings.engine_args, quiet=settings.quiet, request_timeout=settings.timeout
+    )
 
 
 @dataclass(frozen=True)
@@ -61,24 +79,67 @@ class _Job:
 
     index: int
     prompt: Any
+    chat: bool
     draws: tuple[Draw, ...]
     params: tuple[Any, ...]
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One engine request in flight: draw `draw` of request `index` of `stream`.
+
+    `engine_id` is what `LLM.enqueue` returned (what aborts take), `output_id`
+    what the engine's outputs carry. `started` is when the request was first
+    seen generating (the clock of the time limit), None before that."""
+
+    stream: _Stream
+    index: int
+    draw: int
+    n: int
+    engine_id: str
+    output_id: str
+    started: float | None = None
+
+
+@dataclass(eq=False)
+class _Stream:
+    """The bookkeeping of one `generate_stream` call."""
+
+    ready: deque[tuple[int, GenerateResult]] = field(default_factory=deque)
+    samples: dict[int, list[list[Generation] | None]] = field(default_factory=dict)
+    slots: dict[int, list[_Slot]] = field(default_factory=dict)  # by request index, while in flight
+    progress: Any = None
 
 
 class VllmProvider:
     """Generates with an in-process `vllm.LLM` (see the module docstring).
 
     `engine_args` are keyword arguments of `vllm.LLM` (dtype, max_model_len,
-    tensor_parallel_size, ...). `quiet` turns vLLM's progress bars off.
+    tensor_parallel_size, ...). `quiet` turns the progress bar off.
+    `request_timeout` (seconds, None for none) limits each engine request's
+    time from its first generated token, so time spent queued behind the rest
+    of the batch does not count; past it the request is aborted and fails as
+    retryable. `clock` is the time source for that limit.
     """
 
     kind = "vllm"
     batch_size: int | None = None
 
-    def __init__(self, model: str, engine_args: Mapping[str, Any] | None = None, quiet: bool = False) -> None:
+    def __init__(
+        self,
+        model: str,
+        engine_args: Mapping[str, Any] | None = None,
+        quiet: bool = False,
+        request_timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if request_timeout is not None and not request_timeout > 0:
+            raise ValueError(f"request_timeout must be a positive number of seconds, got {request_timeout!r}")
         self.model = model
         self.engine_args = dict(engine_args or {})
         self.quiet = quiet
+        self.request_timeout = request_timeout
+        self._clock = clock
         self._llm: Any = None
         self._start_error: str | None = None
         self._sampling_fields: frozenset[str] = frozenset()
@@ -86,6 +147,11 @@ class VllmProvider:
         self._max_model_len: int | None = None
         self._rejections: tuple[type[BaseException], ...] = (ValueError, TypeError)
         self._sampling_params: Any = None
+        # Every engine request in flight, by the id its output carries, over
+        # all open streams: whichever stream steps the engine delivers each
+        # finished output to the stream that asked for it, so streams can
+        # nest (a judge generating while a generation stream is open).
+        self._in_flight: dict[str, _Slot] = {}
 
     def __repr__(self) -> str:
         return f"VllmProvider(model={self.model!r}, engine_args={self.engine_args!r})"
@@ -150,6 +216,7 @@ class VllmProvider:
     def close(self) -> None:
         """Shut the engine down and free its memory; safe to call twice."""
         llm, self._llm = self._llm, None
+        self._in_flight.clear()
         if llm is None:
             return
         shutdown = getattr(llm, "shutdown", None)
@@ -166,43 +233,177 @@ class VllmProvider:
     # -- generation ----------------------------------------------------------
 
     def generate(self, requests: list[Request]) -> list[GenerateResult]:
-        results: list[GenerateResult | None] = [unsupported(r, self.kind) for r in requests]
-        pending = [i for i, r in enumerate(results) if r is None]
-        if not pending:
-            return [r for r in results if r is not None]
-        llm = self.llm
-        text_jobs: list[_Job] = []
-        chat_jobs: list[_Job] = []
-        has_text = any(isinstance(requests[i].context, str) for i in pending)
-        tokenizer = llm.get_tokenizer() if has_text else None
-        for i in pending:
-            req = requests[i]
-            try:
-                draws, params = self._params(req)
-            except ValueError as exc:
-                results[i] = GenerationError(str(exc), retryable=False)
-                continue
-            if isinstance(req.context, str):
-                # Tokenize once here: the length check needs the ids, and
-                # handing them to vLLM saves it tokenizing again.
-                ids = list(tokenizer.encode(text_prompt(req.context, req.system_prompt)))
-                too_long = self._check_length(len(ids))
-                if too_long:
-                    results[i] = GenerationError(too_long, retryable=False)
-                    continue
-                text_jobs.append(_Job(i, {"prompt_token_ids": ids}, draws, params))
-            else:
-                messages = chat_messages(req.context, req.system_prompt)
-                chat_jobs.append(_Job(i, messages, draws, params))
-        use_tqdm = not self.quiet
-        for jobs, call in (
-            (text_jobs, lambda p, s: llm.generate(p, s, use_tqdm=use_tqdm)),
-            (chat_jobs, lambda p, s: llm.chat(p, s, use_tqdm=use_tqdm)),
-        ):
-            if jobs:
-                for index, res in self._run(call, jobs).items():
-                    results[index] = res
+        """All results at once, in request order: `generate_stream` collected."""
+        results: list[GenerateResult | None] = [None] * len(requests)
+        for index, result in self.generate_stream(requests):
+            results[index] = result
         return [r if r is not None else GenerationError("no result", retryable=True) for r in results]
+
+    def generate_stream(self, requests: list[Request]) -> Iterator[tuple[int, GenerateResult]]:
+        """Yield `(index, result)` as each request finishes (see the module
+        docstring). Closing the generator early aborts every engine request it
+        still has in flight, so the engine is clean for the next call."""
+        requests = list(requests)
+        pending: list[int] = []
+        for i, request in enumerate(requests):
+            error = unsupported(request, self.kind)
+            if error is None:
+                pending.append(i)
+            else:
+                yield i, error
+        if not pending:
+            return
+        llm = self.llm
+        tokenizer = (
+            llm.get_tokenizer() if any(isinstance(requests[i].context, str) for i in pending) else None
+        )
+        stream = _Stream()
+        try:
+            # Each request goes into the engine as soon as it is prepared, all
+            # of them before the first step, so the engine starts at once and
+            # continuous batching sees the whole batch.
+            for i in pending:
+                job = self._job(tokenizer, i, requests[i])
+                if isinstance(job, GenerationError):
+                    stream.ready.append((i, job))
+                else:
+                    self._add(llm, job, stream)
+            draws = [slot for slots in stream.slots.values() for slot in slots]
+            if self.request_timeout is not None and _first_token_probe(llm.llm_engine) is None:
+                now = self._clock()  # this vLLM does not say when a request starts: count from now
+                for slot in draws:
+                    slot.started = now
+            if not self.quiet and draws:
+                stream.progress = _progress_bar(len(draws))
+            engine = llm.llm_engine
+            while True:
+                while stream.ready:
+                    yield stream.ready.popleft()
+                if not stream.slots:
+                    break
+                self._step(engine)
+        except BaseException:
+            # Closed early, or the engine failed: leave nothing of ours running.
+            with contextlib.suppress(Exception):
+                self._drop(llm.llm_engine, [s for slots in stream.slots.values() for s in slots])
+            raise
+        finally:
+            if stream.progress is not None:
+                stream.progress.close()
+
+    def _job(self, tokenizer: Any, index: int, req: Request) -> _Job | GenerationError:
+        """A request's engine prompts and sampling, or the terminal error of a
+        request that cannot be asked (bad sampling, a text prompt too long)."""
+        try:
+            draws, params = self._params(req)
+        except ValueError as exc:
+            return GenerationError(str(exc), retryable=False)
+        if not isinstance(req.context, str):
+            return _Job(index, chat_messages(req.context, req.system_prompt), True, draws, params)
+        # Tokenize once here: the length check needs the ids, and handing
+        # them to vLLM saves it tokenizing again.
+        ids = list(tokenizer.encode(text_prompt(req.context, req.system_prompt)))
+        too_long = self._check_length(len(ids))
+        if too_long:
+            return GenerationError(too_long, retryable=False)
+        return _Job(index, {"prompt_token_ids": ids}, False, draws, params)
+
+    def _add(self, llm: Any, job: _Job, stream: _Stream) -> None:
+        """Put a job's draws into the engine with one `enqueue`: vLLM rejects
+        a bad prompt (a chat prompt longer than the context, a chat template
+        error, an invalid sampling value) while adding it and takes back that
+        call's requests, so a rejection fails its own request only."""
+        enqueue = llm.enqueue_chat if job.chat else llm.enqueue
+        try:
+            engine_ids = enqueue([job.prompt] * len(job.draws), list(job.params), use_tqdm=False)
+        except self._rejections as exc:
+            msg = f"vLLM rejected the request: {type(exc).__name__}: {exc}"
+            stream.ready.append((job.index, GenerationError(msg, retryable=False)))
+            return
+        if len(engine_ids) != len(job.draws):
+            raise RuntimeError(f"vLLM added {len(engine_ids)} requests for {len(job.draws)} prompts")
+        slots = [
+            _Slot(stream, job.index, pos, draw.n, engine_id, _output_id(engine_id))
+            for pos, (draw, engine_id) in enumerate(zip(job.draws, engine_ids, strict=True))
+        ]
+        stream.slots[job.index] = slots
+        stream.samples[job.index] = [None] * len(slots)
+        for slot in slots:
+            self._in_flight[slot.output_id] = slot
+
+    def _step(self, engine: Any) -> None:
+        """One engine step: hand each finished output to its stream, then
+        abort what ran past the time limit."""
+        if not engine.has_unfinished_requests():
+            # Nothing left to step, yet requests unanswered (something else
+            # aborted them, or took their outputs): fail them, never hang.
+            for slot in list(self._in_flight.values()):
+                error = GenerationError("vLLM finished without answering the request", retryable=True)
+                self._fail(engine, slot.stream, slot.index, error)
+            return
+        for output in engine.step():
+            if not output.finished:
+                continue
+            slot = self._in_flight.pop(output.request_id, None)
+            if slot is not None:  # else: aborted meanwhile, or not ours
+                self._finish(engine, slot, output)
+        if self.request_timeout is not None and self._in_flight:
+            self._expire(engine, self.request_timeout)
+
+    def _finish(self, engine: Any, slot: _Slot, output: Any) -> None:
+        stream = slot.stream
+        samples = stream.samples.get(slot.index)
+        if samples is None:  # its request has failed already
+            return
+        if stream.progress is not None:
+            stream.progress.update(1)
+        reasons = {c.finish_reason for c in output.outputs}
+        failed = [_ENGINE_FAILURES[r] for r in sorted(reasons & _ENGINE_FAILURES.keys())]
+        if failed:
+            self._fail(engine, stream, slot.index, GenerationError(failed[0], retryable=True))
+            return
+        try:
+            samples[slot.draw] = _generations(output, slot.n)
+        except RuntimeError as exc:
+            self._fail(engine, stream, slot.index, GenerationError(str(exc), retryable=True))
+            return
+        if all(s is not None for s in samples):
+            del stream.slots[slot.index], stream.samples[slot.index]
+            stream.ready.append((slot.index, [g for s in samples if s is not None for g in s]))
+
+    def _expire(self, engine: Any, limit: float) -> None:
+        """Start the clock of each engine request at its first generated
+        token; abort those running past `limit` and fail their requests."""
+        now = self._clock()
+        generating = _first_token_probe(engine)
+        expired: list[_Slot] = []
+        for slot in self._in_flight.values():
+            if slot.started is None:
+                if generating is None or generating(slot.output_id):
+                    slot.started = now
+            elif now - slot.started > limit:
+                expired.append(slot)
+        for slot in expired:
+            if slot.output_id in self._in_flight:  # not failed with a sibling draw
+                msg = f"the vLLM request ran past the {limit:g} s time limit (--evalreplay-timeout); aborted"
+                self._fail(engine, slot.stream, slot.index, GenerationError(msg, retryable=True))
+
+    def _fail(self, engine: Any, stream: _Stream, index: int, error: GenerationError) -> None:
+        """Fail request `index` of `stream`, aborting its draws still in flight."""
+        if index not in stream.slots:
+            return
+        slots = stream.slots.pop(index)
+        stream.samples.pop(index, None)
+        stream.ready.append((index, error))
+        self._drop(engine, slots)
+
+    def _drop(self, engine: Any, slots: list[_Slot]) -> None:
+        """Abort those of `slots` still in flight in the engine."""
+        live = [s for s in slots if self._in_flight.pop(s.output_id, None) is not None]
+        if live:
+            engine.abort_request([s.engine_id for s in live], internal=True)
+            if live[0].stream.progress is not None:
+                live[0].stream.progress.update(len(live))
 
     def _check_length(self, n_tokens: int) -> str | None:
         """vLLM's own rule: a prompt needs at least one token and must leave
@@ -242,34 +443,55 @@ class VllmProvider:
             raise ValueError(f"invalid sampling {sampling!r}: {exc}") from exc
         return draws, params
 
-    def _run(
-        self, call: Callable[[list[Any], list[Any]], Sequence[Any]], jobs: list[_Job]
-    ) -> dict[int, GenerateResult]:
-        """Run `jobs` in one engine call. If vLLM rejects a prompt (it rejects
-        the whole call then, before generating anything), split the batch in
-        halves until the rejected requests are isolated as terminal errors;
-        the rest still generate, in as few calls as that allows."""
-        prompts = [job.prompt for job in jobs for _ in job.draws]
-        params = [p for job in jobs for p in job.params]
-        try:
-            outputs = list(call(prompts, params))
-        except self._rejections as exc:
-            if len(jobs) == 1:
-                msg = f"vLLM rejected the request: {type(exc).__name__}: {exc}"
-                return {jobs[0].index: GenerationError(msg, retryable=False)}
-            mid = len(jobs) // 2
-            return {**self._run(call, jobs[:mid]), **self._run(call, jobs[mid:])}
-        if len(outputs) != len(prompts):
-            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
-        results: dict[int, GenerateResult] = {}
-        pos = 0
-        for job in jobs:
-            gens: list[Generation] = []
-            for draw in job.draws:
-                gens.extend(_generations(outputs[pos], draw.n))
-                pos += 1
-            results[job.index] = gens
-        return results
+
+def _output_id(engine_id: str) -> str:
+    """The request id the engine's outputs carry, for an id `LLM.enqueue`
+    returned.
+
+    Not public API; checked against vLLM 0.32.0: `LLM.enqueue` returns the
+    engine's internal id, `<external>-<8 random characters>`
+    (`InputProcessor.assign_request_id`), while `RequestOutput.request_id` is
+    the external id, a decimal counter (`LLM._add_request`). Fallback: an id
+    not of that shape is taken as it is, which is right where the two agree
+    (with VLLM_DISABLE_REQUEST_ID_RANDOMIZATION set, for one)."""
+    head, sep, _ = engine_id.partition("-")
+    return head if sep and head.isdigit() else engine_id
+
+
+def _first_token_probe(engine: Any) -> Callable[[str], bool] | None:
+    """A test of whether an engine request (by output id) has generated a
+    token yet, or None where this vLLM does not say.
+
+    Not public API; checked against vLLM 0.32.0: the `LLMEngine`'s output
+    processor keeps one `RequestState` per engine request (each child of an
+    n > 1 request included) under `external_req_ids[output id]` in
+    `request_states`, and its `is_prefilling` turns False with the request's
+    first output. Fallbacks: without that layout the caller starts every
+    clock when the request is added; a state without `is_prefilling` counts
+    as generating, so a limit is never silently dropped."""
+    processor = getattr(engine, "output_processor", None)
+    ids = getattr(processor, "external_req_ids", None)
+    states = getattr(processor, "request_states", None)
+    if not isinstance(ids, Mapping) or not isinstance(states, Mapping):
+        return None
+
+    def generating(output_id: str) -> bool:
+        for internal_id in ids.get(output_id, ()):
+            state = states.get(internal_id)
+            if state is not None and not getattr(state, "is_prefilling", False):
+                return True
+        return False
+
+    return generating
+
+
+def _progress_bar(total: int) -> Any:
+    """vLLM's own kind of progress bar (tqdm comes with vLLM)."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
 
 
 def _generations(output: Any, n: int) -> list[Generation]:

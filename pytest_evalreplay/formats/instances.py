@@ -1,0 +1,120 @@
+"""A task's instances: from an iterable of dicts or a JSONL file.
+
+Each instance id becomes part of a pytest node id (`test_evals.py::qa::q7[s1-r0]`)
+and of run dir rows, so ids are checked here once: strings (integers are
+read as their decimal string), unique, and free of what a node id cannot
+hold. A file that holds no instance is an error rather than a task that
+silently runs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_evalreplay.files import jsonl_lines, read_bytes
+from pytest_evalreplay.model import EvalReplayError
+
+Instance = dict[str, Any]
+
+# What a pytest node id cannot hold: "::" separates its parts, "[...]" holds
+# the parameters, and control characters break terminals and JUnit XML.
+_FORBIDDEN = ("::", "[", "]")
+
+
+def load_instances(
+    source: Iterable[Mapping[str, Any]] | str | os.PathLike[str], base: Path
+) -> list[Instance]:
+    """Instances from an iterable of dicts or a JSONL file (relative to `base`).
+
+    Ids are strings, unique, and safe inside a pytest node id. Every problem
+    is an EvalReplayError naming the file and line (or the iterable's index).
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_absolute():
+            path = base / path
+        if path.is_dir():
+            raise EvalReplayError(
+                f"{path}: cannot read instances from a directory; "
+                "EvalTask(instances=...) must name a .jsonl file"
+            )
+        data = read_bytes(path)
+        rows: list[tuple[str, Any]] = [
+            (f"{path}:{lineno}", row) for lineno, _, row in jsonl_lines(path, data)
+        ]
+        if not rows:
+            what = "empty" if not data.strip() else "only blank lines"
+            raise EvalReplayError(
+                f"{path}: no instances (the file is {what}); write one JSON object with an 'id' per line"
+            )
+    elif isinstance(source, Mapping) or not isinstance(source, Iterable):
+        raise EvalReplayError(
+            f"instances must be a path to a .jsonl file or an iterable of dicts, got {type(source).__name__}"
+        )
+    else:
+        rows = [(f"instance #{i}", row) for i, row in enumerate(source)]
+    instances: list[Instance] = []
+    seen: dict[str, str] = {}
+    for where, row in rows:
+        if not isinstance(row, Mapping):
+            raise EvalReplayError(
+                f"{where}: an instance must be a JSON object with an 'id', got {_kind(row)}; "
+                "fix or delete that line"
+            )
+        iid = _instance_id(row.get("id"), where)
+        if iid in seen:
+            raise EvalReplayError(
+                f"{where}: duplicate instance id {_short(iid)} (first at {seen[iid]}); "
+                "give each instance its own id"
+            )
+        seen[iid] = where
+        instances.append({**row, "id": iid})
+    return instances
+
+
+def _instance_id(iid: Any, where: str) -> str:
+    if isinstance(iid, int) and not isinstance(iid, bool):
+        return str(iid)
+    if not isinstance(iid, str) or not iid.strip():
+        shown = "missing" if iid is None else f"{_kind(iid)} {_short(iid)}"
+        raise EvalReplayError(
+            f"{where}: an instance needs a non-empty string 'id' (or an integer one), and this one's is "
+            f"{shown}; fix or delete that line"
+        )
+    controls = sorted({repr(c) for c in iid if ord(c) < 0x20 or ord(c) == 0x7F})
+    bad = [repr(s) for s in _FORBIDDEN if s in iid] + controls
+    if bad:
+        raise EvalReplayError(
+            f"{where}: instance id {_short(iid)} may not contain {', '.join(bad)} (the id is part of the "
+            "pytest node id, which cannot hold '::', '[', ']', newlines or other control characters); "
+            "rename the instance, e.g. replace them with '_'"
+        )
+    try:
+        iid.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EvalReplayError(
+            f"{where}: instance id {_short(iid)} holds a lone surrogate (not valid Unicode text); rename it"
+        ) from None
+    return iid
+
+
+def _short(value: Any) -> str:
+    text = repr(value[:61] if isinstance(value, str) else value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return type(value).__name__
