@@ -12,7 +12,7 @@ for the rest.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,10 +169,17 @@ class TaskRecorder:
     # -- the run dir ---------------------------------------------------------------
 
     def write_run_dir(
-        self, outcome: TaskOutcome, run: str, instance_order: Sequence[str], num_samples: int
+        self,
+        outcome: TaskOutcome,
+        run: str,
+        instance_order: Sequence[str],
+        num_samples: int,
+        postprocess: Callable[[Generation], Generation],
     ) -> None:
         """The task's run dir files from the journal (the caller holds the task lock)."""
-        rundir.write_task(self.directory, outcome, run, self.index, instance_order, num_samples)
+        rundir.write_task(
+            self.directory, outcome, run, self.index, instance_order, num_samples, postprocess=postprocess
+        )
 
 
 def _header_run(path: Path) -> str | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from filelock import FileLock, Timeout
 from pytest_evalreplay.files import atomic_write, os_error
 from pytest_evalreplay.journal import JournalIndex, RequestKey
 from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome
-from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.model import EvalReplayError, Generation
 
 FORMAT = "evalreplay/1"
 SESSION_LOCK = ".evalreplay-session.lock"
@@ -105,6 +105,7 @@ def write_task(
     instance_order: Sequence[str],
     num_samples: int,
     metrics: bool = True,
+    postprocess: Callable[[Generation], Generation] | None = None,
 ) -> None:
     """Write a task's three files from its outcome and journal (the caller
     holds the task lock). Only generations the outcome stands on are saved."""
@@ -125,8 +126,11 @@ def write_task(
         content = contents[rq]
         if content is not None:
             requests.append(request_row(iid, stage, content, num_samples))
-        generations = [index.read_row(i.gen.offset, i.gen.length)["generation"] for i in items]  # type: ignore[union-attr]
-        predictions.append(prediction_row(iid, stage, items, generations, num_samples, outcome.model))
+        generations = [index.generation(i.gen) for i in items]  # type: ignore[arg-type]
+        if postprocess is not None:
+            generations = [postprocess(g) for g in generations]
+        rows = [g.to_row() for g in generations]
+        predictions.append(prediction_row(iid, stage, items, rows, num_samples, outcome.model))
     files = task_files(directory, outcome.task)
     remove_stale_temporaries(directory, f".{outcome.task}-")
     atomic_write(files["requests"], _jsonl(requests))

@@ -695,7 +695,9 @@ class EvalSession:
                 )
                 if run.elo is not None:
                     outcome = run.elo.with_rating(outcome)
-                recorder.write_run_dir(outcome, self.run_id, run.instance_order, run.task.num_samples)
+                recorder.write_run_dir(
+                    outcome, self.run_id, run.instance_order, run.task.num_samples, run.task.postprocess
+                )
             run.outcome = outcome
             self.docs[name] = TaskDoc(
                 doc=outcome.to_doc(self.run_id),
