@@ -47,6 +47,7 @@ class XdistHooks:
     def __init__(self, plugin: EvalReplayPlugin) -> None:
         self.plugin = plugin
         self._prepared: dict[str, Any] | None = None
+        self._watcher: Any = None
 
     def _controller_state(self) -> dict[str, Any]:
         if self._prepared is None:
@@ -58,12 +59,32 @@ class XdistHooks:
                 except EvalReplayError as exc:
                     raise pytest.UsageError(str(exc)) from None
                 state["evalreplay_snapshot"] = snapshot(session.output)
+                for stale in (session.output / ".evalreplay-progress").glob("*.json"):
+                    stale.unlink(missing_ok=True)
             self._prepared = state
         return self._prepared
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput.update(self._controller_state())
+        settings = self.plugin.settings
+        if (
+            self._watcher is None
+            and settings.in_play
+            and not settings.quiet
+            and settings.provider != "replay"
+        ):
+            from pytest_evalreplay.report import ProgressWatcher
+
+            self._watcher = ProgressWatcher(
+                self.plugin.config, self.plugin.session.output, settings.progress_interval
+            )
+            self._watcher.start()
+
+    def pytest_sessionfinish(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:

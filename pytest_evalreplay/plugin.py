@@ -113,7 +113,7 @@ class EvalReplayPlugin:
     def _make_session(self) -> EvalSession:
         from pytest_evalreplay.items import SESSION_KEY
         from pytest_evalreplay.providers import ProviderHost
-        from pytest_evalreplay.report import TerminalProgress
+        from pytest_evalreplay.report import FileProgress, TerminalProgress
         from pytest_evalreplay.session import EvalSession, WorkerInfo
 
         config, settings = self.config, self.settings
@@ -132,8 +132,12 @@ class EvalReplayPlugin:
                 settings, lambda kind: config.hook.pytest_evalreplay_make_provider(config=config, kind=kind)
             ),
             notify=(lambda line: tr.write_line(line)) if tr is not None else (lambda line: None),
-            progress=TerminalProgress(
-                config, settings.quiet, settings.provider == "replay", settings.progress_interval
+            progress=(
+                FileProgress(lambda: session.output, workerinput["workerid"], settings.progress_interval)
+                if workerinput is not None
+                else TerminalProgress(
+                    config, settings.quiet, settings.provider == "replay", settings.progress_interval
+                )
             ),
             worker=worker,
             snapshot=(workerinput or {}).get("evalreplay_snapshot"),

@@ -9,18 +9,22 @@ show the same numbers.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from pytest_evalreplay.files import atomic_write
+from pytest_evalreplay.model import EvalReplayError
 
 PROGRESS_INTERVAL = 15.0  # seconds between progress lines in a non-terminal log
 TTY_INTERVAL = 0.25
+PROGRESS_DIR = ".evalreplay-progress"
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:
@@ -187,8 +191,6 @@ class Summary:
         return "\n".join(lines) + "\n"
 
     def write_markdown(self, path: Path) -> None:
-        from pytest_evalreplay.model import EvalReplayError
-
         if path.is_dir():
             raise EvalReplayError(f"--evalreplay-report {path} is a directory; name a file such as report.md")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,6 +271,109 @@ class TerminalProgress:
             return
         with self.capman.global_and_fixture_disabled():
             write()
+
+
+class FileProgress:
+    """A pytest-xdist worker's progress, written where the controller reads it
+    (`<output>/.evalreplay-progress/<worker>.json`), at most every `interval`."""
+
+    def __init__(self, directory: Callable[[], Path], worker: str, interval: float) -> None:
+        self._directory = directory
+        self.worker = worker
+        self.interval = interval
+        self._start: dict[str, tuple[float, int, int]] = {}
+        self._last = 0.0
+
+    def _write(self, doc: dict[str, Any]) -> None:
+        try:
+            folder = self._directory() / PROGRESS_DIR
+            folder.mkdir(exist_ok=True)
+            atomic_write(folder / f"{self.worker}.json", orjson.dumps(doc))
+        except (OSError, EvalReplayError):
+            pass  # progress is a courtesy: never fail a run over it
+
+    def start(self, task: str, requests: int, samples: int) -> None:
+        self._start[task] = (time.monotonic(), requests, samples)
+
+    def update(self, task: str, requests: int, samples: int, failures: int, tokens: int) -> None:
+        now = time.monotonic()
+        if task not in self._start or now - self._last < self.interval / 2:
+            return
+        self._last = now
+        start, total, total_samples = self._start[task]
+        self._write(
+            {
+                "task": task,
+                "requests": requests,
+                "total": total,
+                "samples": samples,
+                "total_samples": total_samples,
+                "failures": failures,
+                "tokens": tokens,
+                "elapsed": now - start,
+                "seq": now,
+            }
+        )
+
+    def end(self, task: str) -> None:
+        self._start.pop(task, None)
+        self._write({"task": task, "done": True, "seq": time.monotonic()})
+
+
+class ProgressWatcher:
+    """The pytest-xdist controller's view of its workers' generation progress:
+    a thread reads their progress files every `interval` seconds and writes a
+    line per worker that moved."""
+
+    def __init__(self, config: pytest.Config, directory: Path, interval: float) -> None:
+        self.tr = config.pluginmanager.get_plugin("terminalreporter")
+        self.folder = directory / PROGRESS_DIR
+        self.interval = max(interval, 0.2)
+        self._stop = threading.Event()
+        self._seen: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._run, name="evalreplay-progress", daemon=True)
+
+    def start(self) -> None:
+        if self.tr is not None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for line in self.poll():
+                self.tr.write_line(line)
+
+    def poll(self) -> list[str]:
+        lines = []
+        try:
+            paths = sorted(self.folder.glob("*.json"))
+        except OSError:
+            return lines
+        for path in paths:
+            try:
+                doc = orjson.loads(path.read_bytes())
+            except (OSError, orjson.JSONDecodeError):
+                continue
+            seq = doc.get("seq", 0)
+            if doc.get("done") or self._seen.get(path.stem) == seq:
+                continue
+            self._seen[path.stem] = seq
+            line = TerminalProgress._line(
+                doc["task"],
+                doc["elapsed"],
+                doc["requests"],
+                doc["total"],
+                doc["samples"],
+                doc["total_samples"],
+                doc["failures"],
+                doc["tokens"],
+            )
+            lines.append(line.replace("evalreplay: ", f"evalreplay: [{path.stem}] ", 1))
+        return lines
 
 
 def _clock(seconds: float) -> str:
