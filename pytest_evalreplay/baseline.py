@@ -98,11 +98,15 @@ def parse(doc: Any, path: Path) -> dict[str, BaselineTask]:
         elo = entry.get("elo")
         if elo is not None and not isinstance(elo, dict):
             raise _bad(path, f"{field}.elo", "the elo block of an EloEval (an object)", elo)
+        source = entry.get("source")
+        if source is not None and not isinstance(source, dict):
+            raise _bad(path, f"{field}.source", "an object (model, run, date, commit)", source)
         tasks[name] = BaselineTask(
             metrics={k: _number(v, path, f"{field}.metrics.{k}") for k, v in metrics.items()},
             scores={k: _number(v, path, f"{field}.scores.{k}") for k, v in scores.items()},
             metric=metric,
             elo=elo,
+            source=source,
         )
     return tasks
 
@@ -140,6 +144,7 @@ def update(path: Path, entries: Mapping[str, BaselineTask]) -> None:
             "tasks": {
                 name: {"metrics": dict(t.metrics), "metric": t.metric, "scores": dict(t.scores)}
                 | ({"elo": dict(t.elo)} if t.elo else {})
+                | ({"source": dict(t.source)} if t.source else {})
                 for name, t in sorted(tasks.items())
             },
         }

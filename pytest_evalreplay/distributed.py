@@ -52,7 +52,7 @@ class XdistHooks:
     def _controller_state(self) -> dict[str, Any]:
         if self._prepared is None:
             session = self.plugin.session
-            state: dict[str, Any] = {"evalreplay_run_id": session.run_id}
+            state: dict[str, Any] = {"evalreplay_run_id": session.run_id, "evalreplay_seed": session.seed}
             if self.plugin.settings.in_play:
                 try:
                     session.hold_output()

@@ -54,6 +54,17 @@ class BaselineTask:
     scores: Mapping[str, float] = field(default_factory=dict)
     metric: str | None = None  # which metric `scores` holds
     elo: Mapping[str, Any] | None = None  # an EloEval's saved "elo" block (its per-task table pairs runs)
+    source: Mapping[str, Any] | None = None  # where it came from: model, run, date, git commit
+
+    def describe_source(self) -> str:
+        s = self.source or {}
+        parts = [
+            f"model {s['model']}" if s.get("model") else None,
+            f"run {str(s['run'])[:8]}" if s.get("run") else None,
+            s.get("date"),
+            f"commit {s['commit']}" if s.get("commit") else None,
+        ]
+        return ", ".join(p for p in parts if p)
 
 
 def metric_scores(scores: Mapping[str, Mapping[str, float]], metric: str) -> dict[str, float]:
@@ -95,6 +106,7 @@ class GateOutcome:
     paired: PairedDrop | None = None
     reasons: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    baseline_source: str = ""
 
     @property
     def passed(self) -> bool:
@@ -107,14 +119,20 @@ class GateOutcome:
         if self.gate.min is not None:
             parts.append(f"min {self.gate.min:g}")
         if self.baseline is not None and self.paired is not None:
+            source = f" ({self.baseline_source})" if self.baseline_source else ""
             parts.append(
-                f"baseline {self.baseline:.4f}, paired drop {self.paired.drop:+.4f} over "
+                f"baseline {self.baseline:.4f}{source}, paired drop {self.paired.drop:+.4f} over "
                 f"{self.paired.n} instances (p={self.paired.p_value:.3g}, max_drop {self.gate.max_drop:g})"
             )
         parts.append(f"{self.num_failed}/{self.num_items} items failed (budget {self.budget:g})")
         text = f"{verdict} " + "; ".join(parts)
         for reason in self.reasons:
             text += f"\n  - {reason}"
+        if self.reasons:
+            text += (
+                "\n  what changed: see the comparison below, or run again with "
+                "--evalreplay-compare=RUN_DIR (a run dir of the baseline's run) to list the instances that flipped"
+            )
         for note in self.notes:
             text += f"\n  note: {note}"
         return text
@@ -190,6 +208,7 @@ def evaluate(
         paired=paired,
         reasons=tuple(reasons),
         notes=tuple(notes),
+        baseline_source=baseline.describe_source() if baseline is not None else "",
     )
 
 
@@ -198,6 +217,7 @@ def baseline_entry(
     metrics: Mapping[str, float],
     scores: Mapping[str, Mapping[str, float]],
     elo: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
 ) -> BaselineTask:
     """What `--evalreplay-update-baseline` saves for a task: its metrics and the
     gated metric's per-instance scores (with no gate, a sole metric's)."""
@@ -205,4 +225,4 @@ def baseline_entry(
     if metric is None and len(metrics) == 1:
         metric = next(iter(metrics))
     per_instance = metric_scores(scores, metric) if metric else {}
-    return BaselineTask(metrics=dict(metrics), scores=per_instance, metric=metric, elo=elo)
+    return BaselineTask(metrics=dict(metrics), scores=per_instance, metric=metric, elo=elo, source=source)

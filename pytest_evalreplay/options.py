@@ -1,12 +1,17 @@
 """Command-line options, their ini twins, and the resolved `Settings`.
 
 Each option `--evalreplay-foo` has an ini key `evalreplay_foo`; the command
-line wins. `Settings` is plain frozen data so the rest of the package never
-touches `pytest.Config` directly.
+line wins. Ini values are typed by pytest (`bool`, `int`, `float`, `paths`:
+a path relative to the ini file's directory, as pytest resolves its own);
+command-line paths are relative to where pytest was started. Every value is
+checked here, once, so a bad one is a usage error naming the option and its
+ini key. `Settings` is plain frozen data: the rest of the package never
+touches `pytest.Config`.
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,8 +19,6 @@ from typing import Any
 
 import orjson
 import pytest
-
-from pytest_evalreplay.model import EvalReplayError
 
 DEFAULT_CONCURRENCY = 32
 DEFAULT_MAX_ATTEMPTS = 3
@@ -32,6 +35,7 @@ class Settings:
     concurrency: int = DEFAULT_CONCURRENCY
     output: Path | None = None
     report: Path | None = None
+    compare: Path | None = None
     resume: bool = False
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     batch_size: int | None = None
@@ -48,188 +52,264 @@ class Settings:
     in_play: bool = False  # any evalreplay option or ini key is set
 
 
-# (name, ini type, help, command-line kwargs)
-_OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
-    (
+@dataclass(frozen=True)
+class Option:
+    """One option: `--evalreplay-<name>` (or `flag`) and its ini twin."""
+
+    name: str
+    kind: str  # "str", "path", "int", "float", "bool", "lines", "stage"
+    help: str
+    metavar: str | None = None
+    flag: str | None = None  # a command-line name other than --evalreplay-<name>
+    ini: str | None = None  # an ini key other than evalreplay_<name>
+
+    @property
+    def dest(self) -> str:
+        return "evalreplay_" + self.name.replace("-", "_")
+
+    @property
+    def ini_key(self) -> str:
+        return self.ini or self.dest
+
+    @property
+    def cli(self) -> str:
+        return self.flag or f"--evalreplay-{self.name}"
+
+    def label(self) -> str:
+        return f"{self.cli} (ini {self.ini_key})"
+
+
+_INI_TYPES = {
+    "str": "string",
+    "path": "paths",
+    "int": "int",
+    "float": "float",
+    "bool": "bool",
+    "lines": "linelist",
+}
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
         "predictions",
-        "string",
-        "rescore saved generations from PATH (a run dir or predictions file) "
-        "with the replay provider; also what the replay_provider fixture serves",
-        {"metavar": "PATH"},
+        "path",
+        "rescore saved generations from PATH (a run dir, a predictions file, or an "
+        "olmo-eval / lm-evaluation-harness layout) with the replay provider; also what the replay_provider "
+        "fixture serves",
+        "PATH",
     ),
-    (
-        "provider",
-        "string",
-        "provider kind: replay, vllm, openai, or one a conftest registers",
-        {"metavar": "KIND"},
-    ),
-    ("model", "string", "model name or path for the vllm / openai providers", {"metavar": "NAME"}),
-    (
+    Option("provider", "str", "provider kind: replay, vllm, openai, or one a conftest registers", "KIND"),
+    Option("model", "str", "model name or path for the vllm / openai providers", "NAME"),
+    Option(
         "base-url",
-        "linelist",
-        "OpenAI-compatible server URL for the openai provider (repeatable: requests are spread "
-        "over several servers serving the same model)",
-        {"action": "append", "metavar": "URL"},
+        "lines",
+        "OpenAI-compatible server URL for the openai provider (repeatable: requests "
+        "are spread over several servers serving the same model)",
+        "URL",
     ),
-    (
-        "timeout",
-        "string",
-        "per-request time limit in seconds; past it, a retryable failure (default: none)",
-        {"metavar": "SECONDS"},
-    ),
-    (
+    Option(
         "engine-arg",
-        "linelist",
+        "lines",
         "vLLM engine argument KEY=VALUE (repeatable; VALUE parsed as JSON where it parses)",
-        {"action": "append", "metavar": "KEY=VALUE"},
+        "KEY=VALUE",
+        ini="evalreplay_engine_args",
     ),
-    (
+    Option(
         "concurrency",
-        "string",
+        "int",
         f"requests in flight for the openai provider (default {DEFAULT_CONCURRENCY})",
-        {"metavar": "N"},
+        "N",
     ),
-    ("report", "string", "also write the summary as Markdown to FILE", {"metavar": "FILE"}),
-    (
-        "output",
-        "string",
-        "directory for the run dir and its journal (default: under pytest's cache dir)",
-        {"metavar": "DIR"},
+    Option(
+        "timeout",
+        "float",
+        "per-request time limit in seconds; past it, a retryable failure (default: "
+        "none, the openai provider's own 600)",
+        "SECONDS",
     ),
-    (
-        "max-attempts",
-        "string",
-        f"attempts per item before a retryable failure is final (default {DEFAULT_MAX_ATTEMPTS})",
-        {"metavar": "N"},
-    ),
-    (
-        "failure-budget",
-        "string",
-        "fraction of a task's items allowed to fail before its gate fails (default 0)",
-        {"metavar": "F"},
-    ),
-    (
-        "baseline",
-        "string",
-        "baseline file that gated metrics are compared with",
-        {"metavar": "FILE"},
-    ),
-    (
+    Option(
         "batch-size",
-        "string",
+        "int",
         "requests per provider call (default: what the provider prefers; the whole task for most)",
-        {"metavar": "N"},
+        "N",
     ),
-]
+    Option(
+        "max-attempts",
+        "int",
+        f"attempts per item before a retryable failure is final (default {DEFAULT_MAX_ATTEMPTS})",
+        "N",
+    ),
+    Option(
+        "output",
+        "path",
+        "directory for the run dir and its journal (default: under pytest's cache dir)",
+        "DIR",
+    ),
+    Option("report", "path", "also write the summary, gates and comparison as Markdown to FILE", "FILE"),
+    Option(
+        "compare",
+        "path",
+        "compare this run with a saved run dir: metric differences with paired "
+        "intervals, and the instances that flipped",
+        "RUN_DIR",
+    ),
+    Option(
+        "failure-budget",
+        "float",
+        "fraction of a task's items allowed to fail before its gate fails (default 0)",
+        "F",
+    ),
+    Option("baseline", "path", "baseline file that gated metrics are compared with", "FILE"),
+    Option(
+        "update-baseline", "bool", "write the baseline file (--evalreplay-baseline) from this run's results"
+    ),
+    Option(
+        "resume",
+        "bool",
+        "reuse every rollout whose request and provider the journal holds unchanged "
+        "(rescored with the current scorer); generate only the rest",
+        flag="--resume",
+    ),
+    Option(
+        "resume-stage",
+        "stage",
+        "multi-stage evals: keep stages before N from the journal and run N "
+        "onward afresh; without N, continue at the first incomplete stage",
+        "N",
+        flag="--resume-stage",
+    ),
+    Option(
+        "reset",
+        "bool",
+        "discard the saved results (journal and run dir files) of every task this run "
+        "selects, then run them afresh (like --sw-reset)",
+    ),
+    Option(
+        "report-reused",
+        "bool",
+        "with --resume, report reused items as skipped (with their scores, in "
+        "the terminal and JUnit XML) instead of deselecting them; costs pytest's per-item overhead",
+    ),
+    Option(
+        "reuse-scores",
+        "bool",
+        "with --resume, keep the saved scores of reused rollouts instead of "
+        "scoring them again (for expensive scorers; a changed scorer is then not noticed)",
+    ),
+    Option(
+        "progress-interval",
+        "float",
+        f"seconds between generation progress lines in a non-terminal log "
+        f"(default {DEFAULT_PROGRESS_INTERVAL:g})",
+        "SECONDS",
+    ),
+)
+BY_NAME = {o.name: o for o in OPTIONS}
 
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("evalreplay", "LLM evaluations (pytest-evalreplay)")
-    for name, ini_type, help_text, kwargs in _OPTIONS:
-        dest = "evalreplay_" + name.replace("-", "_")
-        group.addoption(f"--evalreplay-{name}", dest=dest, default=None, help=help_text, **kwargs)
-        ini_help = help_text if ini_type != "linelist" else help_text + " (one per line)"
+    for o in OPTIONS:
+        if o.kind == "bool":
+            group.addoption(o.cli, action="store_true", default=False, dest=o.dest, help=o.help)
+        elif o.kind == "stage":
+            group.addoption(
+                o.cli, nargs="?", const="first", default=None, dest=o.dest, metavar=o.metavar, help=o.help
+            )
+        elif o.kind == "lines":
+            group.addoption(o.cli, action="append", default=None, dest=o.dest, metavar=o.metavar, help=o.help)
+        else:
+            group.addoption(o.cli, default=None, dest=o.dest, metavar=o.metavar, help=o.help)
+        ini_type = _INI_TYPES.get(o.kind, "string")
+        default: Any = False if o.kind == "bool" else ([] if ini_type in ("paths", "linelist") else None)
         parser.addini(
-            dest if name != "engine-arg" else "evalreplay_engine_args", ini_help, type=ini_type, default=None
+            o.ini_key,
+            o.help + (" (one per line)" if o.kind == "lines" else ""),
+            type=ini_type,
+            default=default,
         )
-    group.addoption(
-        "--resume",
-        action="store_true",
-        default=False,
-        dest="evalreplay_resume",
-        help="reuse every item the fingerprinted journal holds as done; run only the rest",
-    )
-    parser.addini("evalreplay_resume", "always resume (bool)", type="bool", default=False)
-    group.addoption(
-        "--resume-stage",
-        nargs="?",
-        const="first",
-        default=None,
-        dest="evalreplay_resume_stage",
-        metavar="N",
-        help="multi-stage evals: keep stages before N from the journal and plan N onward afresh; "
-        "without N, continue at the first incomplete stage",
-    )
-    parser.addini(
-        "evalreplay_resume_stage", "resume multi-stage evals from this stage ('first': the first incomplete)"
-    )
-    group.addoption(
-        "--evalreplay-update-baseline",
-        action="store_true",
-        default=False,
-        dest="evalreplay_update_baseline",
-        help="write the baseline file (--evalreplay-baseline) from this run's results",
-    )
-    parser.addini(
-        "evalreplay_update_baseline", "write the baseline from this run (bool)", type="bool", default=False
-    )
-    group.addoption(
-        "--evalreplay-reset",
-        action="store_true",
-        default=False,
-        dest="evalreplay_reset",
-        help="discard the saved results (journal and run dir files) of every task this run selects, "
-        "then run them afresh",
-    )
-    group.addoption(
-        "--evalreplay-report-reused",
-        action="store_true",
-        default=False,
-        dest="evalreplay_report_reused",
-        help="with --resume, keep reused items in the run (reported skipped, with their scores, in "
-        "the terminal and JUnit XML) instead of deselecting them; costs pytest's per-item overhead",
-    )
-    parser.addini(
-        "evalreplay_report_reused",
-        "report reused items instead of deselecting them (bool)",
-        type="bool",
-        default=False,
-    )
-    group.addoption(
-        "--evalreplay-reuse-scores",
-        action="store_true",
-        default=False,
-        dest="evalreplay_reuse_scores",
-        help="with --resume, keep the saved scores of reused rollouts instead of scoring them again "
-        "(for expensive scorers; a changed scorer is then not noticed)",
-    )
-    parser.addini(
-        "evalreplay_reuse_scores", "keep saved scores of reused rollouts (bool)", type="bool", default=False
-    )
-    parser.addini(
-        "evalreplay_progress_interval",
-        f"seconds between generation progress lines in a non-terminal log (default {DEFAULT_PROGRESS_INTERVAL:g})",
-        default=None,
-    )
 
 
-def _raw(config: pytest.Config, name: str) -> Any:
-    dest = "evalreplay_" + name.replace("-", "_")
-    value = config.getoption(dest)
-    if value is None or value == []:
-        ini_name = dest if name != "engine-arg" else "evalreplay_engine_args"
-        value = config.getini(ini_name)
-    return value if value not in ("", []) else None
+def _given(value: Any) -> Any:
+    """A value that was set (0 and 0.0 are), or None."""
+    return None if value is None or value is False or value == "" or value == [] else value
 
 
-def _number(config: pytest.Config, name: str, kind: type, low: float, default: Any) -> Any:
-    raw = _raw(config, name)
-    if raw is None:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    if value is None or value < low:
-        raise pytest.UsageError(
-            f"--evalreplay-{name} (ini evalreplay_{name.replace('-', '_')}) must be a "
-            f"{'number' if kind is float else 'whole number'} >= {low}, got {raw!r}"
-        )
-    return value
+class _Reader:
+    """Reads one option: the command line first, else the ini file."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def cli(self, o: Option) -> Any:
+        return _given(self.config.getoption(o.dest))
+
+    def ini(self, o: Option) -> Any:
+        try:
+            value = self.config.getini(o.ini_key)
+        except ValueError as exc:  # pytest's int/float conversion of the ini text
+            raise pytest.UsageError(f"ini {o.ini_key}: {exc}; see {o.cli}") from None
+        return _given(value)
+
+    def raw(self, name: str) -> Any:
+        o = BY_NAME[name]
+        value = self.cli(o)
+        return value if value is not None else self.ini(o)
+
+    def path(self, name: str) -> Path | None:
+        o = BY_NAME[name]
+        value = self.cli(o)
+        if value is not None:  # relative to where pytest was started
+            p = Path(str(value)).expanduser()
+            return p if p.is_absolute() else Path(self.config.invocation_params.dir) / p
+        paths = self.ini(o)
+        if paths is None:
+            return None
+        if len(paths) != 1:
+            raise pytest.UsageError(
+                f"ini {o.ini_key} takes one path, got {len(paths)}: {' '.join(map(str, paths))}"
+            )
+        return Path(paths[0]).expanduser()
+
+    def number(self, name: str, kind: type, low: float, default: Any, high: float = math.inf) -> Any:
+        o = BY_NAME[name]
+        raw = self.raw(name)
+        if raw is None:
+            return default
+        try:
+            value = kind(raw)
+        except (TypeError, ValueError):
+            value = None
+        if isinstance(raw, bool) or value is None or not (low <= value <= high) or not math.isfinite(value):
+            span = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
+            what = "a number" if kind is float else "a whole number"
+            raise pytest.UsageError(f"{o.label()} must be {what} {span}, got {raw!r}")
+        return value
+
+    def flag(self, name: str) -> bool:
+        return bool(self.raw(name))
 
 
-def _resume_stage(config: pytest.Config) -> int | None:
-    raw = config.getoption("evalreplay_resume_stage") or config.getini("evalreplay_resume_stage") or None
+def parse_engine_args(items: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs; VALUE is JSON where it parses (so 0.1, true, [1,2] keep their types).
+    Raises ValueError naming what does not parse."""
+    args: dict[str, Any] = {}
+    for item in items:
+        try:
+            parts = shlex.split(item) if " " in item.strip() else [item]
+        except ValueError as exc:  # an unclosed quote
+            raise ValueError(f"{item!r} does not split into KEY=VALUE pairs ({exc})") from None
+        for part in parts:
+            key, sep, value = part.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"{part!r} is not KEY=VALUE")
+            try:
+                args[key.strip()] = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                args[key.strip()] = value
+    return args
+
+
+def _resume_stage(raw: Any) -> int | None:
     if raw is None:
         return None
     if str(raw).strip().lower() == "first":
@@ -243,114 +323,60 @@ def _resume_stage(config: pytest.Config) -> int | None:
     return value
 
 
-def _progress_interval(config: pytest.Config) -> float:
-    raw = config.getini("evalreplay_progress_interval")
-    if not raw:
-        return DEFAULT_PROGRESS_INTERVAL
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (0 <= value < float("inf")):
-        raise pytest.UsageError(
-            f"ini evalreplay_progress_interval must be a number of seconds >= 0, got {raw!r}"
-        )
-    return value
-
-
-def _in_play(config: pytest.Config) -> bool:
-    """Whether this session asked for anything of the plugin (an option or ini key)."""
-    for name, _, _, _ in _OPTIONS:
-        if _raw(config, name) is not None:
-            return True
-    flags = ("evalreplay_resume", "evalreplay_update_baseline", "evalreplay_reset", "evalreplay_resume_stage")
-    return any(config.getoption(f) for f in flags) or bool(config.getini("evalreplay_resume"))
-
-
-def _timeout(config: pytest.Config) -> float | None:
-    value = _number(config, "timeout", float, 0.0, None)
-    if value is not None and not (0 < value < float("inf")):
-        raise pytest.UsageError(f"--evalreplay-timeout must be a positive number of seconds, got {value!r}")
-    return value
-
-
-def parse_engine_args(items: list[str]) -> dict[str, Any]:
-    """KEY=VALUE pairs; VALUE is JSON where it parses (so 0.1, true, [1,2] keep their types)."""
-    args: dict[str, Any] = {}
-    for item in items:
-        for part in shlex.split(item) if " " in item.strip() else [item]:
-            key, sep, value = part.partition("=")
-            if not sep or not key.strip():
-                raise EvalReplayError(f"engine argument {part!r} is not KEY=VALUE")
-            try:
-                args[key.strip()] = orjson.loads(value)
-            except orjson.JSONDecodeError:
-                args[key.strip()] = value
-    return args
-
-
-def _provider_kind(config: pytest.Config) -> str | None:
+def _provider_kind(read: _Reader) -> str | None:
     """Saved predictions imply the replay provider, unless a provider is named
     at the same level: command line before ini, and on each level an explicit
     --evalreplay-provider before --evalreplay-predictions."""
-    for source in (config.getoption, config.getini):
-        kind = source("evalreplay_provider")
+    for source in (read.cli, read.ini):
+        kind = source(BY_NAME["provider"])
         if kind:
             return str(kind)
-        if source("evalreplay_predictions"):
+        if source(BY_NAME["predictions"]):
             return "replay"
     return None
 
 
 def resolve(config: pytest.Config) -> Settings:
-    """Read every option (command line first, then ini) into `Settings`."""
-
-    def path(name: str) -> Path | None:
-        raw = _raw(config, name)
-        if raw is None:
-            return None
-        p = Path(raw).expanduser()
-        return p if p.is_absolute() else Path(config.invocation_params.dir) / p
-
-    budget = _number(config, "failure-budget", float, 0.0, 0.0)
-    if budget > 1:
-        raise pytest.UsageError(f"--evalreplay-failure-budget must be a fraction in [0, 1], got {budget}")
-    update_baseline = bool(
-        config.getoption("evalreplay_update_baseline") or config.getini("evalreplay_update_baseline")
-    )
-    if update_baseline and path("baseline") is None:
+    """Read and check every option (command line first, then ini) into `Settings`."""
+    read = _Reader(config)
+    update_baseline = read.flag("update-baseline")
+    baseline = read.path("baseline")
+    if update_baseline and baseline is None:
         raise pytest.UsageError(
             "--evalreplay-update-baseline needs --evalreplay-baseline=FILE (ini evalreplay_baseline) to write"
         )
     try:
-        engine_args = parse_engine_args(_raw(config, "engine-arg") or [])
-    except EvalReplayError as exc:
-        raise pytest.UsageError(f"--evalreplay-engine-arg: {exc}") from None
+        engine_args = parse_engine_args(read.raw("engine-arg") or [])
+    except ValueError as exc:
+        raise pytest.UsageError(f"{BY_NAME['engine-arg'].label()}: {exc}") from None
+    timeout = read.number("timeout", float, 0.0, None)
+    if timeout == 0:
+        raise pytest.UsageError(f"{BY_NAME['timeout'].label()} must be a positive number of seconds, got 0")
+    in_play = any(read.raw(o.name) not in (None, False) for o in OPTIONS if o.kind != "path") or any(
+        read.path(o.name) is not None for o in OPTIONS if o.kind == "path"
+    )
     return Settings(
-        provider=_provider_kind(config),
-        predictions=path("predictions"),
-        model=_raw(config, "model"),
-        base_urls=tuple(_raw(config, "base-url") or ()),
+        provider=_provider_kind(read),
+        predictions=read.path("predictions"),
+        model=read.raw("model"),
+        base_urls=tuple(read.raw("base-url") or ()),
         engine_args=engine_args,
-        concurrency=_number(config, "concurrency", int, 1, DEFAULT_CONCURRENCY),
-        output=path("output"),
-        report=path("report"),
-        resume=bool(config.getoption("evalreplay_resume") or config.getini("evalreplay_resume")),
-        max_attempts=_number(config, "max-attempts", int, 1, DEFAULT_MAX_ATTEMPTS),
-        batch_size=_number(config, "batch-size", int, 1, None),
-        failure_budget=budget,
-        baseline=path("baseline"),
+        concurrency=read.number("concurrency", int, 1, DEFAULT_CONCURRENCY),
+        output=read.path("output"),
+        report=read.path("report"),
+        compare=read.path("compare"),
+        resume=read.flag("resume"),
+        max_attempts=read.number("max-attempts", int, 1, DEFAULT_MAX_ATTEMPTS),
+        batch_size=read.number("batch-size", int, 1, None),
+        failure_budget=read.number("failure-budget", float, 0.0, 0.0, high=1.0),
+        baseline=baseline,
         update_baseline=update_baseline,
         quiet=config.getoption("verbose") < 0,
-        timeout=_timeout(config),
-        reset=bool(config.getoption("evalreplay_reset")),
-        resume_stage=_resume_stage(config),
-        report_reused=bool(
-            config.getoption("evalreplay_report_reused") or config.getini("evalreplay_report_reused")
-        ),
-        reuse_scores=bool(
-            config.getoption("evalreplay_reuse_scores") or config.getini("evalreplay_reuse_scores")
-        ),
-        progress_interval=_progress_interval(config),
-        in_play=_in_play(config),
+        timeout=timeout,
+        reset=read.flag("reset"),
+        resume_stage=_resume_stage(read.raw("resume-stage")),
+        report_reused=read.flag("report-reused"),
+        reuse_scores=read.flag("reuse-scores"),
+        progress_interval=read.number("progress-interval", float, 0.0, DEFAULT_PROGRESS_INTERVAL),
+        in_play=in_play,
     )

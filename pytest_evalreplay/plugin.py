@@ -141,6 +141,8 @@ class EvalReplayPlugin:
             ),
             worker=worker,
             snapshot=(workerinput or {}).get("evalreplay_snapshot"),
+            seed=(workerinput or {}).get("evalreplay_seed"),
+            rootdir=Path(config.rootpath),
         )
         config.stash[SESSION_KEY] = session
         return session
@@ -303,12 +305,22 @@ class EvalReplayPlugin:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self._summary is None:
             return
+        if self.settings.compare is not None:
+            self.summary.compare_with(self.settings.compare)
         self.summary.terminal(terminalreporter)
         if self.settings.report is not None:
+            from pytest_evalreplay.report import github_step_summary
+
             try:
-                self.summary.write_markdown(self.settings.report)
-            except EvalReplayError as exc:
+                markdown = self.summary.write_markdown(self.settings.report)
+                where = github_step_summary(markdown)
+            except (EvalReplayError, OSError) as exc:
                 terminalreporter.write_line(f"evalreplay: report not written: {exc}")
+            else:
+                if where is not None:
+                    terminalreporter.write_line(
+                        f"evalreplay: report appended to $GITHUB_STEP_SUMMARY ({where})"
+                    )
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._session is not None:

@@ -124,6 +124,31 @@ class Summary:
     gates: dict[str, tuple[bool, str]] = field(default_factory=dict)  # task -> (passed, verdict)
     notes: list[str] = field(default_factory=list)
     run_dir: str | None = None
+    comparison: tuple[list[str], str] | None = None  # terminal lines, Markdown
+
+    def compare_with(self, saved: Path, top: int = 20) -> None:
+        """Compare this run's tasks (as its run dir holds them) with a saved run dir."""
+        from pytest_evalreplay.compare import (
+            RunSnapshot,
+            compare_runs,
+            load_run_dir,
+            render_markdown,
+            render_text,
+        )
+
+        if not self.docs or self.run_dir is None:
+            return
+        try:
+            base, new = load_run_dir(saved), load_run_dir(Path(self.run_dir))
+        except EvalReplayError as exc:
+            self.add_note(f"comparison with {saved} not made: {exc}")
+            return
+        names = set(self.docs)
+        cmp = compare_runs(
+            RunSnapshot(base.label, {t: v for t, v in base.tasks.items() if t in names}, base.model),
+            RunSnapshot("this run", {t: v for t, v in new.tasks.items() if t in names}, new.model),
+        )
+        self.comparison = (render_text(cmp, top=top), render_markdown(cmp))
 
     def add_doc(self, task: str, seen: int, doc: dict[str, Any], extra: dict[str, int]) -> None:
         """Keep the fullest view of a task (xdist workers each send theirs)."""
@@ -149,6 +174,8 @@ class Summary:
             out.append(task_line(doc, extra))
             out.extend(elo_lines(doc))
         out += [f"gate {name}: {verdict}" for name, (_, verdict) in sorted(self.gates.items())]
+        if self.comparison is not None:
+            out += self.comparison[0]
         out += [f"note: {note}" for note in self.notes]
         return out
 
@@ -186,15 +213,24 @@ class Summary:
                 details = verdict.split(" ", 1)[1] if " " in verdict else verdict
                 details = details.replace("|", "\\|").replace("\n", "<br>")
                 lines.append(f"| {name} | {'pass' if passed else '**FAIL**'} | {details} |")
+        if self.comparison is not None:
+            lines += ["", self.comparison[1].rstrip()]
         if self.notes:
             lines += ["", *[f"- {note}" for note in self.notes]]
         return "\n".join(lines) + "\n"
 
-    def write_markdown(self, path: Path) -> None:
+    def write_markdown(self, path: Path) -> str:
         if path.is_dir():
             raise EvalReplayError(f"--evalreplay-report {path} is a directory; name a file such as report.md")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, self.markdown().encode())
+        markdown = self.markdown()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise EvalReplayError(
+                f"--evalreplay-report {path}: cannot create its folder ({exc.strerror})"
+            ) from None
+        atomic_write(path, markdown.encode())
+        return markdown
 
 
 class TerminalProgress:

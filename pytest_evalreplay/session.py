@@ -106,8 +106,10 @@ class EvalSession:
         worker: WorkerInfo | None = None,
         snapshot: Mapping[str, int] | None = None,
         seed: int | None = None,
+        rootdir: Path | None = None,
     ) -> None:
         self.settings = settings
+        self.rootdir = rootdir or Path.cwd()
         self._output_factory = output
         self._output: Path | None = None
         self.run_id = run_id or uuid.uuid4().hex
@@ -709,7 +711,11 @@ class EvalSession:
             )
             if self.settings.update_baseline:
                 entries[name] = gates.baseline_entry(
-                    run.gate, outcome.metrics, outcome.instance_scores, outcome.extra.get("elo")
+                    run.gate,
+                    outcome.metrics,
+                    outcome.instance_scores,
+                    outcome.extra.get("elo"),
+                    self._source(),
                 )
         if entries and self.settings.baseline is not None:
             from pytest_evalreplay import baseline
@@ -721,6 +727,32 @@ class EvalSession:
 
             with FileLock(str(self.output / ".manifest.lock")):
                 write_manifest(self.output, self.host.model(), self.provider_identity, list(self.docs))
+
+    def _source(self) -> dict[str, Any]:
+        """Where a baseline written now comes from: model, run, date and, in a git
+        work tree, the commit."""
+        import datetime as dt
+        import subprocess
+
+        commit = None
+        try:
+            out = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                cwd=self.rootdir,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            if out.returncode == 0:
+                commit = out.stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            pass
+        return {
+            "model": self.host.model(),
+            "run": self.run_id,
+            "date": dt.date.today().isoformat(),
+            "commit": commit,
+        }
 
     def close(self) -> None:
         self.host.close()
