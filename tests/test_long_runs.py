@@ -5,6 +5,7 @@ real local HTTP servers (tests/http_stub.py) or the real vLLM engine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -337,15 +338,22 @@ def test_vllm_killed_mid_batch_resumes_generating_only_what_was_not_journaled(
     )
     engine = [f"--evalreplay-engine-arg={k}={orjson.dumps(v).decode()}" for k, v in engine_args.items()]
     args = ["--evalreplay-provider=vllm", f"--evalreplay-model={tiny_llama}", *engine]
-    killed = subprocess.run(
+    # Its own process group: SIGKILL of pytest orphans vLLM's engine processes; the group kill ends them.
+    proc = subprocess.Popen(
         pytest_cmd(tmp_path, *args),
         cwd=tmp_path,
         env={**env(), "KILL_AT_APPEND": "3"},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=600,
+        start_new_session=True,
     )
-    assert killed.returncode == -9, killed.stdout + killed.stderr
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == -9, out
     saved = journaled(tmp_path)
     assert 0 < len(saved) < 48
     resumed = subprocess.run(
