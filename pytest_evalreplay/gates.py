@@ -28,6 +28,7 @@ class Gate:
     alpha: float = 0.05
 
     def __post_init__(self) -> None:
+        __tracebackhide__ = True  # a bad argument is reported at the user's Gate(...) line
         if not isinstance(self.metric, str) or not self.metric:
             raise EvalReplayError("Gate(metric=...) must name a metric, e.g. Gate('exact_match', min=0.6)")
         for name in ("min", "max_drop", "alpha"):

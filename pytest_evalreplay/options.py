@@ -246,7 +246,7 @@ class _Reader:
     def ini(self, o: Option) -> Any:
         try:
             value = self.config.getini(o.ini_key)
-        except ValueError as exc:  # pytest's int/float conversion of the ini text
+        except (ValueError, pytest.UsageError) as exc:  # pytest's int/float conversion of the ini text
             raise pytest.UsageError(f"ini {o.ini_key}: {exc}; see {o.cli}") from None
         return _given(value)
 

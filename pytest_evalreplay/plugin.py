@@ -288,6 +288,7 @@ class EvalReplayPlugin:
             ev.finish()
         except EvalReplayError as exc:
             ev.notes.append(f"run dir not written: {exc}")
+        ev.close_provider()  # before the summary, so a close() that fails is in its notes
         for name, doc in ev.docs.items():
             self.summary.add_doc(name, doc.seen, doc.doc, doc_extra(doc))
         if ev._output is not None:

@@ -362,6 +362,11 @@ class EvalSession:
         size = self.settings.batch_size
         if size is None and self.host.built:
             size = getattr(self.host.get(), "batch_size", None)
+            if size is not None and (type(size) is not int or size < 1):
+                raise EvalReplayError(
+                    f"the provider's batch_size must be a positive int or None, got {size!r} "
+                    f"(provider kind {self.settings.provider!r})"
+                )
         run.chunks = planning.chunks(run.decisions.run, size)
         run.chunk_of = {rk: n for n, chunk in enumerate(run.chunks) for rk in chunk}
         wanted: dict[RequestKey, list[int]] = {}
@@ -720,8 +725,14 @@ class EvalSession:
         if entries and self.settings.baseline is not None:
             from pytest_evalreplay import baseline
 
-            baseline.update(self.settings.baseline, entries)
-            self.notes.append(f"baseline {self.settings.baseline} updated for: {', '.join(sorted(entries))}")
+            try:
+                baseline.update(self.settings.baseline, entries)
+            except EvalReplayError as exc:
+                self.notes.append(f"baseline not updated: {exc}")
+            else:
+                self.notes.append(
+                    f"baseline {self.settings.baseline} updated for: {', '.join(sorted(entries))}"
+                )
         if self.docs and self._output is not None:
             from filelock import FileLock
 
@@ -754,9 +765,12 @@ class EvalSession:
             "commit": commit,
         }
 
-    def close(self) -> None:
+    def close_provider(self) -> None:
         self.host.close()
-        self.notes.extend(self.host.notes)
+        self.notes.extend(n for n in self.host.notes if n not in self.notes)
+
+    def close(self) -> None:
+        self.close_provider()
         self.release_output()
 
 

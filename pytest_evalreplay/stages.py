@@ -97,8 +97,24 @@ class EloEval:
         seed: int | None = None,
         gate: Gate | None = None,
     ) -> None:
-        self.name = validate_task_name(name)
+        __tracebackhide__ = True  # a bad argument is reported at the user's EloEval(...) line, in one line
         self.defined_in, self.defined_line = _caller_file()
+        try:
+            self._setup(name, pool, references, stages, judge, seed, gate)
+        except EvalReplayError as exc:
+            raise EvalReplayError(str(exc)) from None
+
+    def _setup(
+        self,
+        name: str,
+        pool: EvalTask,
+        references: Mapping[str, Reference],
+        stages: Sequence[Stage],
+        judge: Any,
+        seed: int | None,
+        gate: Gate | None,
+    ) -> None:
+        self.name = validate_task_name(name)
         where = f"EloEval {name!r}"
         if not isinstance(pool, EvalTask):
             raise EvalReplayError(

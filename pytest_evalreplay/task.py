@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from pytest_evalreplay.formats.instances import load_instances
 from pytest_evalreplay.gates import Gate
 from pytest_evalreplay.model import (
     Context,
@@ -86,54 +87,6 @@ def _has_non_finite(value: Any) -> bool:
     return False
 
 
-def load_instances(
-    source: Iterable[Mapping[str, Any]] | str | os.PathLike[str], base: Path
-) -> list[Instance]:
-    """Instances from an iterable of dicts or a JSONL file (relative to `base`).
-
-    Ids are strings, unique, and safe inside a pytest node id.
-    """
-    rows: list[tuple[str, Any]] = []
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.is_absolute():
-            path = base / path
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise EvalReplayError(f"{path}: cannot read instances: {exc.strerror}") from None
-        for lineno, line in enumerate(data.splitlines(), 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rows.append((where, orjson.loads(line)))
-            except orjson.JSONDecodeError as exc:
-                raise EvalReplayError(f"{where}: malformed JSON ({exc}); fix or remove that line") from None
-    else:
-        rows = [(f"instance #{i}", row) for i, row in enumerate(source)]
-    instances: list[Instance] = []
-    seen: dict[str, str] = {}
-    for where, row in rows:
-        if not isinstance(row, Mapping):
-            raise EvalReplayError(f"{where}: an instance must be a JSON object with an 'id'")
-        iid = row.get("id")
-        if isinstance(iid, int) and not isinstance(iid, bool):
-            iid = str(iid)
-        if not isinstance(iid, str) or not iid.strip():
-            raise EvalReplayError(f"{where}: an instance needs a non-empty string 'id'")
-        if "::" in iid or "\n" in iid or "[" in iid or "]" in iid:
-            raise EvalReplayError(
-                f"{where}: instance id {iid!r} may not contain '::', '[', ']' or a newline "
-                "(it is part of the pytest node id)"
-            )
-        if iid in seen:
-            raise EvalReplayError(f"{where}: duplicate instance id {iid!r} (first at {seen[iid]})")
-        seen[iid] = where
-        instances.append({**row, "id": iid})
-    return instances
-
-
 class _CheckedFormatter(string.Formatter):
     """str.format, except that a field resolving to a method or function (a
     typo like `{question.upper}`) is an error rather than its repr."""
@@ -192,8 +145,38 @@ class EvalTask:
         strip_reasoning: bool = False,
         gate: Gate | None = None,
     ) -> None:
-        self.name = validate_task_name(name)
+        __tracebackhide__ = True  # a bad argument is reported at the user's EvalTask(...) line, in one line
         self.defined_in, self.defined_line = _caller()
+        try:
+            self._setup(
+                name,
+                instances,
+                prompt,
+                scorer,
+                target,
+                system_prompt,
+                num_samples,
+                sampling,
+                strip_reasoning,
+                gate,
+            )
+        except EvalReplayError as exc:
+            raise EvalReplayError(str(exc)) from None
+
+    def _setup(
+        self,
+        name: str,
+        instances: Iterable[Mapping[str, Any]] | str | os.PathLike[str],
+        prompt: str | Callable[[Instance], Context],
+        scorer: Scorer | BuiltinScorer | str | None,
+        target: str | Callable[[Instance], Any] | None,
+        system_prompt: str | None,
+        num_samples: int,
+        sampling: Mapping[str, Any] | None,
+        strip_reasoning: bool,
+        gate: Gate | None,
+    ) -> None:
+        self.name = validate_task_name(name)
         base = self.defined_in.parent if self.defined_in is not None else Path.cwd()
         self.instances = load_instances(instances, base)
         if not isinstance(prompt, str) and not callable(prompt):

@@ -1,0 +1,326 @@
+"""The catalogue of bad inputs (docs/errors.md), plugin side: options, task
+definitions, providers, journals, baselines and files in the output dir.
+Each case runs pytest (pytester, in process) and asserts the message names
+what is wrong and where, that no INTERNALERROR and no traceback of the
+plugin's own code reaches the user, and that nothing saved was lost.
+The readers' own cases (run dirs, foreign layouts, instances files) are in
+tests/test_bad_inputs.py and tests/test_fuzz_readers.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+import pytest
+
+PROVIDER = """
+import os
+from pytest_evalreplay import Generation
+
+class Echo:
+    kind, model = "echo", "echo-1"
+    batch_size = {batch_size}
+
+    def generate(self, requests):
+        with open("calls.log", "a") as fh:
+            fh.write("call\\n")
+        out = []
+        for r in requests:
+            if r.instance_id == "exit":
+                raise SystemExit(3)
+            meta = {{"when": object()}} if r.instance_id == "meta" else {{}}
+            text = "\\ud800" if r.instance_id == "surrogate" else "answer " + r.instance_id
+            out.append([Generation(text=text, metadata=meta) for _ in r.rollouts])
+        return out
+
+    def close(self):
+        if {close_raises}:
+            raise RuntimeError("the engine would not stop")
+
+def pytest_evalreplay_make_provider(config, kind):
+    return Echo() if kind == "echo" else None
+"""
+
+TASK = """
+from pytest_evalreplay import EvalTask, Gate, scorers
+t = EvalTask({name}, {instances}, prompt={prompt}, scorer={scorer}, num_samples={num_samples},
+             sampling={sampling}, gate={gate})
+"""
+
+
+@dataclass
+class Case:
+    args: tuple[str, ...] = ()
+    fields: dict[str, str] = field(default_factory=dict)
+    provider: dict[str, str] = field(default_factory=dict)
+    ret: int = pytest.ExitCode.USAGE_ERROR
+    message: str = ""
+    prepare: str = ""  # "run": one good run first; "journal-dir", "manifest-dir", ... (see below)
+    ini: str = ""
+
+
+BASE_FIELDS = {
+    "name": '"t"',
+    "instances": '[{"id": "a", "q": "x"}, {"id": "b", "q": "y"}]',
+    "prompt": '"Q {q}"',
+    "scorer": "lambda text, i: 1.0",
+    "num_samples": "1",
+    "sampling": "None",
+    "gate": "None",
+}
+
+U, C, F, OK, I = (  # usage error, collection error, failed items, passed, stopped
+    pytest.ExitCode.USAGE_ERROR,
+    pytest.ExitCode.INTERRUPTED,
+    pytest.ExitCode.TESTS_FAILED,
+    pytest.ExitCode.OK,
+    pytest.ExitCode.INTERRUPTED,
+)
+
+CASES: dict[str, Case] = {
+    # -- options -------------------------------------------------------------------------
+    "engine arg with an unclosed quote": Case(
+        ('--evalreplay-engine-arg=a=1 b="x',),
+        message="--evalreplay-engine-arg (ini evalreplay_engine_args): 'a=1 b=\"x' does not split",
+    ),
+    "failure budget nan": Case(
+        ("--evalreplay-failure-budget=nan",),
+        message="--evalreplay-failure-budget (ini evalreplay_failure_budget) must be a number in [0, 1], got 'nan'",
+    ),
+    "failure budget above 1": Case(("--evalreplay-failure-budget=2",), message="must be a number in [0, 1]"),
+    "concurrency 0": Case(
+        ("--evalreplay-concurrency=0",),
+        message="--evalreplay-concurrency (ini evalreplay_concurrency) must be a whole number >= 1, got '0'",
+    ),
+    "max attempts not a number": Case(
+        ("--evalreplay-max-attempts=x",),
+        message="--evalreplay-max-attempts (ini evalreplay_max_attempts) must be a whole number",
+    ),
+    "negative timeout": Case(
+        ("--evalreplay-timeout=-1",),
+        message="--evalreplay-timeout (ini evalreplay_timeout) must be a number >= 0",
+    ),
+    "zero timeout": Case(("--evalreplay-timeout=0",), message="must be a positive number of seconds"),
+    "ini int that is not a number": Case(
+        ini="evalreplay_concurrency = abc\n", message="ini evalreplay_concurrency:"
+    ),
+    "ini batch size below 1": Case(
+        ini="evalreplay_batch_size = 0\n",
+        message="--evalreplay-batch-size (ini evalreplay_batch_size) must be a whole number >= 1",
+    ),
+    "resume stage 0": Case(("--resume-stage=0",), message="--resume-stage takes a stage number >= 1"),
+    "update baseline without a file": Case(
+        ("--evalreplay-update-baseline",),
+        message="--evalreplay-update-baseline needs --evalreplay-baseline=FILE",
+    ),
+    "output under a file": Case(
+        ("--evalreplay-output=/dev/null/x",),
+        message="/dev/null/x: cannot create the output dir: Not a directory",
+    ),
+    "predictions that do not exist": Case(
+        ("--evalreplay-predictions=nowhere",), message="nowhere: no such file or directory"
+    ),
+    "unknown provider kind": Case(("--evalreplay-provider=nope",), message="unknown provider kind 'nope'"),
+    "no provider": Case(
+        ("-o", "evalreplay_provider="), message="no provider chosen: pass --evalreplay-provider=KIND"
+    ),
+    # -- task definitions ------------------------------------------------------------------
+    "gate min as a string": Case(
+        ret=C,
+        fields={"gate": 'Gate("contains", min="0.5")'},
+        message="Gate(min='0.5') must be a finite number",
+    ),
+    "gate min nan": Case(
+        ret=C,
+        fields={"gate": 'Gate("contains", min=float("nan"))'},
+        message="Gate(min=nan) must be a finite number",
+    ),
+    "sampling a string": Case(
+        ret=C, fields={"sampling": '"hot"'}, message="task 't': sampling must be a dict"
+    ),
+    "sampling a list": Case(ret=C, fields={"sampling": "[0.7]"}, message="task 't': sampling must be a dict"),
+    "nan in sampling": Case(
+        ret=C,
+        fields={"sampling": '{"temperature": float("nan")}'},
+        message="sampling['temperature'] = nan is not a finite number",
+    ),
+    "sampling value JSON cannot hold": Case(
+        ret=C,
+        fields={"sampling": '{"stop": {1, 2}}'},
+        message="sampling['stop'] = {1, 2} is not a JSON value",
+    ),
+    "num_samples True": Case(
+        ret=C, fields={"num_samples": "True"}, message="num_samples must be a positive integer, got True"
+    ),
+    "task name of 240 characters": Case(
+        ret=C, fields={"name": '"t" * 240'}, message="is 240 characters; use at most 100"
+    ),
+    "task name with a slash": Case(ret=C, fields={"name": '"a/b"'}, message="invalid task name 'a/b'"),
+    "template field missing": Case(
+        ret=C,
+        fields={"prompt": '"Q {bb}"'},
+        message="task 't', instance 'a': the prompt template needs field 'bb' that the instance lacks",
+    ),
+    "template field that is a method": Case(
+        ret=C,
+        fields={"prompt": '"Q {q.upper}"'},
+        message="task 't', instance 'a': the prompt template cannot be rendered: resolves to builtin_function_or_method 'upper'",
+    ),
+    "template with a positional field": Case(
+        ret=C, fields={"prompt": '"Q {}"'}, message="the prompt template has a positional field"
+    ),
+    "prompt callable that raises": Case(
+        ret=C,
+        fields={"prompt": "lambda i: 1 / 0"},
+        message="task 't', instance 'a': the prompt callable raised ZeroDivisionError",
+    ),
+    "prompt callable returning a number": Case(
+        ret=C, fields={"prompt": "lambda i: 7"}, message="the prompt callable returned int"
+    ),
+    "instance id with a carriage return": Case(
+        ret=C, fields={"instances": '[{"id": "a\\rb"}]'}, message="instance #0"
+    ),
+    "two tasks with one name": Case(prepare="two-tasks", message="two different tasks are named 't'"),
+    "empty instances file": Case(
+        ret=C, fields={"instances": '"empty.jsonl"'}, prepare="empty-instances", message="empty.jsonl"
+    ),
+    # -- providers -------------------------------------------------------------------------
+    "provider batch size -1": Case(
+        provider={"batch_size": "-1"},
+        message="the provider's batch_size must be a positive int or None, got -1",
+    ),
+    "provider batch size a string": Case(
+        provider={"batch_size": '"2"'},
+        message="the provider's batch_size must be a positive int or None, got '2'",
+    ),
+    "provider close raises": Case(
+        provider={"close_raises": "True"},
+        ret=OK,
+        message="note: the provider's close() raised RuntimeError: the engine would not stop",
+    ),
+    "metadata JSON cannot hold": Case(
+        fields={"instances": '[{"id": "meta", "q": "x"}]'},
+        ret=F,
+        message="provider returned a bad Generation for rollout 0: cannot be saved as JSON",
+    ),
+    "lone surrogate in the text": Case(
+        fields={"instances": '[{"id": "surrogate", "q": "x"}]'},
+        ret=F,
+        message="cannot be saved as JSON (str is not valid UTF-8: surrogates not allowed)",
+    ),
+    "provider raises SystemExit": Case(
+        fields={"instances": '[{"id": "exit", "q": "x"}, {"id": "b", "q": "y"}]'},
+        ret=I,
+        message="the provider raised SystemExit(3); stopping the session",
+    ),
+    "scorer returns a string": Case(
+        fields={"scorer": 'lambda text, i: "yes"'}, ret=F, message="scorer returned str for 'score'"
+    ),
+    # -- journals, baselines, files in the output dir -----------------------------------------
+    "journal path is a directory": Case(
+        ("--resume",), prepare="journal-dir", message="t-journal.jsonl: cannot read the journal"
+    ),
+    "journal of another format": Case(
+        ("--resume",), prepare="journal-v1", message="a journal of another format ('evalreplay-journal/1'"
+    ),
+    "journal failure row with a negative attempt": Case(
+        ("--resume",), prepare="journal-bad-fail", message="not a valid failure row"
+    ),
+    "journal failure row of an unknown class": Case(
+        ("--resume",), prepare="journal-unknown-class", message="not a valid failure row"
+    ),
+    "report path is a directory": Case(
+        ("--evalreplay-report=run",),
+        prepare="report-dir",
+        ret=OK,
+        message="report not written: --evalreplay-report",
+    ),
+    "baseline path is a directory": Case(
+        ("--evalreplay-baseline=bdir",),
+        fields={"gate": 'Gate("contains", max_drop=0.1)'},
+        prepare="baseline-dir",
+        ret=F,
+        message="bdir",
+    ),
+    "malformed baseline while updating it": Case(
+        ("--evalreplay-baseline=base.json", "--evalreplay-update-baseline"),
+        prepare="baseline-bad",
+        ret=OK,
+        message="note: baseline not updated: ",
+    ),
+    "manifest.json is a directory": Case(prepare="manifest-dir", ret=OK, message="manifest.json"),
+}
+
+
+def write_project(pytester: pytest.Pytester, case: Case) -> None:
+    provider = {"batch_size": "None", "close_raises": "False", **case.provider}
+    pytester.makeconftest(PROVIDER.format(**provider))
+    pytester.makeini("[pytest]\nevalreplay_provider = echo\n" + case.ini)
+    fields = {**BASE_FIELDS, **case.fields}
+    source = TASK.format(**fields)
+    if case.prepare == "two-tasks":
+        source += "u = EvalTask('t', [{'id': 'z'}], prompt='Q', scorer='contains')\n"
+    pytester.makepyfile(test_evals=source)
+
+
+def prepare(pytester: pytest.Pytester, case: Case) -> None:
+    out = pytester.path / "run"
+    what = case.prepare
+    if what == "empty-instances":
+        (pytester.path / "empty.jsonl").write_text("")
+    elif what.startswith("journal"):
+        pytester.runpytest("--evalreplay-output=run", "-k", "a")
+        journal = out / "t-journal.jsonl"
+        if what == "journal-dir":
+            journal.unlink()
+            journal.mkdir()
+        elif what == "journal-v1":
+            journal.write_bytes(b'{"type": "header", "format": "evalreplay-journal/1"}\n')
+        else:
+            cls, attempt = ("retryable", -1) if what == "journal-bad-fail" else ("mystery", 1)
+            row = {
+                "type": "fail",
+                "stage": 1,
+                "instance_id": "a",
+                "rollouts": [0],
+                "attempt": attempt,
+                "failure_class": cls,
+                "message": "x",
+                "final": True,
+                "request": "r",
+                "provider": "p",
+                "run": "x",
+            }
+            with journal.open("ab") as fh:
+                fh.write(orjson.dumps(row) + b"\n")
+    elif what == "report-dir":
+        out.mkdir()
+    elif what == "baseline-dir":
+        (pytester.path / "bdir").mkdir()
+    elif what == "baseline-bad":
+        (pytester.path / "base.json").write_text('{"format": "evalreplay-baseline/1", "tasks": []}')
+    elif what == "manifest-dir":
+        (out / "manifest.json").mkdir(parents=True)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_bad_input_gets_a_message_naming_it(pytester: pytest.Pytester, name: str) -> None:
+    case = CASES[name]
+    write_project(pytester, case)
+    prepare(pytester, case)
+    saved = (
+        {p.name: p.read_bytes() for p in (pytester.path / "run").glob("*") if p.is_file()}
+        if (pytester.path / "run").is_dir()
+        else {}
+    )
+    result = pytester.runpytest("--evalreplay-output=run", *case.args, no_reraise_ctrlc=True)
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == case.ret, text
+    assert case.message in text, text
+    assert "INTERNALERROR" not in text
+    assert "pytest_evalreplay/" not in text.replace(str(pytester.path), ""), (
+        "a traceback from the plugin's code"
+    )
+    journal = pytester.path / "run" / "t-journal.jsonl"
+    if "t-journal.jsonl" in saved and journal.is_file() and case.ret in (U,):
+        assert journal.read_bytes() == saved["t-journal.jsonl"], "a refused run changed the journal"
