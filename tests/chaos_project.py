@@ -40,9 +40,21 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 def event(kind):
-    \"\"\"Count one event of this process; True when it is the one to die at.\"\"\"
+    \"\"\"Count one event of this process; True when it is the one to die at. Worker
+    "*" is whichever xdist worker first gets there (it claims the kill with a file).\"\"\"
     COUNTS[kind] = COUNTS.get(kind, 0) + 1
-    return bool(KILL) and KILL["kind"] == kind and KILL["n"] == COUNTS[kind] and KILL.get("worker", "") == WORKER
+    if not KILL or KILL["kind"] != kind or KILL["n"] != COUNTS[kind]:
+        return False
+    if KILL.get("worker") != "*":
+        return KILL.get("worker", "") == WORKER
+    if not WORKER:
+        return False
+    try:
+        os.close(os.open(os.environ["CHAOS_LOG"] + ".claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    log(["killed", kind, COUNTS[kind]])
+    return True
 
 def text(r, k):
     return f"{r.task}:{r.instance_id}:s{r.stage}:r{k}"
