@@ -577,9 +577,11 @@ class EloDriver:
             for key, refs in index.gens.items():
                 if refs:
                     items.append(ItemOutcome(key, "ok", gen=refs[-1], scores={}))
+            pvs = {item.gen.provider for item in items if item.gen is not None}
+            models = {index.providers.get(pv, {}).get("model") for pv in pvs}
             outcome = TaskOutcome(
                 task=f"{self.name}-judge",
-                model=(self._judge_identity or {}).get("model"),
+                model=models.pop() if len(models) == 1 else None,
                 metrics={},
                 intervals={},
                 instance_scores={},

@@ -54,6 +54,7 @@ from pytest_evalreplay.model import EvalReplayError
 
 PREDICTIONS_SUFFIX = "-predictions.jsonl"
 REQUESTS_SUFFIX = "-requests.jsonl"
+JUDGE_PREDICTIONS_SUFFIX = "-judge-predictions.jsonl"
 MANIFEST_FORMAT = "evalreplay/1"
 LAYOUT = "evalreplay"
 LOOK_AHEAD = 8  # requests rows skipped in step (instances that failed) before joining by id
@@ -80,7 +81,11 @@ _encode = str.encode
 
 
 def prediction_files(directory: Path) -> list[Path]:
-    return only_files(list_dir(directory, f"*{PREDICTIONS_SUFFIX}"), "a predictions file")
+    """A run dir's predictions files: every `<task>-predictions.jsonl` but an
+    EloEval's `<name>-judge-predictions.jsonl` (the judge's verdicts, another
+    model's: replay reads them only to serve that judge)."""
+    found = list_dir(directory, f"*{PREDICTIONS_SUFFIX}")
+    return only_files([p for p in found if not p.name.endswith(JUDGE_PREDICTIONS_SUFFIX)], "a predictions file")
 
 
 def load_dir(builder: IndexBuilder, directory: Path) -> None:
