@@ -167,11 +167,12 @@ REFERENCES = {"weak": (900, 0.2), "mid": (1100, 0.5), "strong": (1300, 0.8)}
 
 ELO_MODULE = """
 from pytest_evalreplay import EloEval, EvalTask, Reference, Stage
-from conftest import event, die
+from conftest import event, die, log
 
 pool = EvalTask("pool", {pool!r}, prompt="Q: {{q}}", num_samples=2)
 
 def judge(instance, candidate, reference):
+    log(["judge", candidate, reference])
     if event("judge"):
         die()
     mine = sum(int(c) for c in candidate if c.isdigit()) % 3
@@ -262,6 +263,10 @@ class Run:
             for r in rollouts
         ]
 
+    def judged(self) -> list[tuple[str, str, str]]:
+        """(worker, candidate, reference answer) of every judge call, in order."""
+        return [(worker, *rest) for worker, kind, *rest in self.log if kind == "judge"]
+
     def totals(self) -> tuple[dict[str, int], int]:
         """The event counts and milliseconds of an uninterrupted run."""
         (counts, ms) = next(tuple(rest) for _, kind, *rest in self.log if kind == "totals")
@@ -343,6 +348,16 @@ class Project:
                 if row.get("type") == "fail":
                     key = (task, row["stage"], row["instance_id"], tuple(row["rollouts"]))
                     out[(*key, row["attempt"], row["failure_class"], row["final"], row["message"])] += 1
+        return out
+
+    def duplicate_rows(self) -> dict[str, list[bytes]]:
+        """Per journal, the rows it holds more than once (same content, same run)."""
+        out = {}
+        for name in self.journal_names():
+            counted = Counter(orjson.dumps(r, option=orjson.OPT_SORT_KEYS) for r in self.journal(name))
+            twice = [row for row, n in counted.items() if n > 1]
+            if twice:
+                out[name] = twice
         return out
 
     def run_dir_files(self) -> dict[str, bytes]:

@@ -155,10 +155,12 @@ def check_final(project: Project, baseline: Project) -> None:
     assert sorted(files) == sorted(expected)
     for name, data in expected.items():
         assert without_session(name, files[name]) == without_session(name, data), name
-    assert not list(project.out.glob("*.tmp")) and not list(project.out.glob(".*.tmp")), "a temporary file left"
+    left = [*project.out.glob("*.tmp"), *project.out.glob(".*.tmp")]
+    assert not left, f"temporary files left: {left}"
 
     duplicated = [row for row, n in Counter(project.gen_rows()).items() if n > 1]
     assert not duplicated, f"gen rows duplicated within a run: {duplicated}"
+    assert not project.duplicate_rows(), f"journal rows written twice: {project.duplicate_rows()}"
     got, want = journal_content(project), journal_content(baseline)
     twice = {key: len(g) for key, g in got["gens"].items() if len(g) > 1}
     assert not twice, f"rollouts with more than one gen row after resuming: {twice}"
@@ -211,7 +213,7 @@ class Lab:
     def __init__(self, factory: pytest.TempPathFactory, parallel: int) -> None:
         self.factory = factory
         self.pool = ThreadPoolExecutor(parallel) if parallel > 1 else None
-        self.baselines: dict[tuple[str, str], Future[tuple[Project, Run]]] = {}
+        self.baselines: dict[tuple[Any, ...], Future[tuple[Project, Run]]] = {}
         self.played: dict[Scenario, Future[tuple[Project, list[str]]]] = {}
 
     def start(self, scenarios: list[Scenario]) -> None:
@@ -223,6 +225,13 @@ class Lab:
     def baseline(self, suite: str, provider: str) -> tuple[Project, Run]:
         return self._future(self.baselines, (suite, provider), self._baseline, suite, provider).result()
 
+    def start_xdist_elo(self) -> Future[tuple[Project, Run]]:
+        """An uninterrupted `-n 2` run of the ELO suite."""
+        return self._future(self.baselines, ("elo", "stream", 2), self._baseline, "elo", "stream", 2)
+
+    def xdist_elo(self) -> tuple[Project, Run]:
+        return self.start_xdist_elo().result()
+
     def play(self, sc: Scenario) -> tuple[Project, list[str]]:
         return self._future(self.played, sc, self._play, sc).result()
 
@@ -230,7 +239,9 @@ class Lab:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
 
-    def _future(self, table: dict[Any, Future[Any]], key: Any, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    def _future(
+        self, table: dict[Any, Future[Any]], key: Any, fn: Callable[..., Any], *args: Any
+    ) -> Future[Any]:
         if key not in table:
             if self.pool is not None:
                 table[key] = self.pool.submit(fn, *args)
@@ -242,9 +253,9 @@ class Lab:
                     future.set_exception(exc)
         return table[key]
 
-    def _baseline(self, suite: str, provider: str) -> tuple[Project, Run]:
-        project = Project(self.factory.mktemp(f"baseline-{suite}-{provider}"), suite, provider)
-        run = project.run()
+    def _baseline(self, suite: str, provider: str, workers: int = 0) -> tuple[Project, Run]:
+        project = Project(self.factory.mktemp(f"baseline-{suite}-{provider}-n{workers}"), suite, provider)
+        run = project.run(workers=workers)
         assert run.returncode == BASELINE_RC[suite], run.output
         assert "INTERNALERROR" not in run.output, run.output
         return project, run
@@ -268,6 +279,8 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         and "sc" in getattr(getattr(item, "callspec", None), "params", {})
     ]
     if not under_xdist:
+        if any(item.name.startswith("test_an_xdist_elo") for item in request.session.items):
+            lab.start_xdist_elo()
         lab.start(selected)
     yield lab
     lab.close()
@@ -278,6 +291,7 @@ def test_killed_and_resumed_ends_as_the_uninterrupted_run(lab: Lab, sc: Scenario
     if sc.workers:
         pytest.importorskip("xdist")
     project, story = lab.play(sc)
+    print(sc, *story, sep="\n  ")  # shown with -rP: where the kills landed
     baseline, _ = lab.baseline(sc.suite, sc.provider)
     try:
         check_final(project, baseline)
@@ -310,3 +324,36 @@ def test_the_uninterrupted_runs_hold_the_failures_the_kills_cross(lab: Lab) -> N
     counts, _ = run.totals()
     assert counts["result"] == 12 and counts["judge"] == 2 * (4 * 3 + 4 * 2 + 4 * 1)
     assert [s["kind"] for s in journal_content(elo)["stages"]].count("complete") == 3
+
+
+# Found by the xdist ELO scenarios: an uninterrupted `-n 2` run of an EloEval
+# with a function judge writes journal rows twice. Each fails until fixed.
+
+
+def test_an_xdist_elo_run_records_its_seed_once(lab: Lab) -> None:
+    """Each worker decides at collection, from its own snapshot of the
+    journal, that the drawn seed is not recorded yet (`elorun.seed_rows`),
+    so both record it: two identical `seed` rows of one run."""
+    pytest.importorskip("xdist")
+    project, _ = lab.xdist_elo()
+    seeds = [r for r in project.journal("memo-journal.jsonl") if r["type"] == "stage" and r["kind"] == "seed"]
+    assert len(seeds) == 1, seeds
+
+
+def test_an_xdist_elo_run_judges_each_rollout_once(lab: Lab) -> None:
+    """A worker that needs a stage complete (to plan the next) judges each of
+    the stage's rollouts it has not judged itself (`EloDriver.complete_stage`
+    -> `result_for`) instead of reading its peer's verdicts from the journal:
+    every pair is judged by both workers and its `score` row written twice."""
+    pytest.importorskip("xdist")
+    project, run = lab.xdist_elo()
+    _, serial = lab.baseline("elo", "stream")
+    calls = Counter(worker for worker, *_ in run.judged())
+    assert len(serial.judged()) == 48
+    assert sum(calls.values()) == 48, f"judge calls per worker: {dict(calls)}; a serial run makes 48"
+    keys = Counter(
+        (r["stage"], r["instance_id"], r["rollout"])
+        for r in project.journal("memo-journal.jsonl")
+        if r["type"] == "score"
+    )
+    assert not [key for key, n in keys.items() if n > 1]
