@@ -291,7 +291,9 @@ class Project:
 
     def run(self, *args: str, kill: dict[str, Any] | None = None, workers: int = 0) -> Run:
         log = self.path / f"log-{len(self.runs)}.jsonl"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CHAOS_", "PYTEST_ADDOPTS"))}
+        # Not the outer session's: its xdist worker id, options, or GitHub's step summary.
+        drop = ("CHAOS_", "PYTEST_ADDOPTS", "PYTEST_XDIST_", "GITHUB_STEP_SUMMARY")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
         env.update(
             CHAOS_LOG=str(log), CHAOS_KILL=orjson.dumps(kill).decode(), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"
         )
