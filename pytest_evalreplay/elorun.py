@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_evalreplay import planning
 from pytest_evalreplay.execution import Done, Failed, RoundEnd, generate_events
-from pytest_evalreplay.journal import RolloutKey, digest
+from pytest_evalreplay.journal import GenRef, RolloutKey, ScoreRef, digest
 from pytest_evalreplay.judges import LlmJudge, check_verdict, mean, task_text
 from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome, Tokens, item_outcome
 from pytest_evalreplay.model import EvalReplayError, Generation, Request, RolloutResult
@@ -61,6 +61,7 @@ class EloDriver:
     _judge_identity: dict[str, Any] | None = None
     _judge_provider: Any = None
     _judged_stages: set[int] = field(default_factory=set)
+    replayed: dict[int, bool] = field(default_factory=dict)  # stage -> its plan is an earlier run's, replayed
     _references: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -92,6 +93,7 @@ class EloDriver:
         with recorder.locked():
             recorder.refresh()
             recorded = self._usable_record(stage)
+        self.replayed[stage] = recorded is not None and self._record_run(stage) != self.session.run_id
         if recorded is None:
             prior: float | None = None
             if stage > 1:
@@ -109,10 +111,12 @@ class EloDriver:
                 if recorded is None:
                     from pytest_evalreplay import journal
 
+                    rows = [] if self.log().seed == self.seed else [seed_row(self.seed, self.session.run_id)]
                     journal.append(
                         recorder.directory,
                         self.name,
                         [
+                            *rows,
                             planned_row(
                                 stage,
                                 self.stage_tasks[stage - 1],
@@ -121,13 +125,17 @@ class EloDriver:
                                 self.fingerprints[stage - 1],
                                 self.configs[stage - 1],
                                 self.session.run_id,
-                            )
+                            ),
                         ],
                     )
                     recorder.refresh()
                     recorded = chosen
         self.plans[stage] = recorded
         return recorded
+
+    def _record_run(self, stage: int) -> str | None:
+        record = self.log().stages.get(stage)
+        return None if record is None else record.run
 
     def _usable_record(self, stage: int, own_only: bool = False) -> StagePlan | None:
         record = self.log().stages.get(stage)
@@ -228,66 +236,49 @@ class EloDriver:
             rollouts=(0,),
         )
 
-    def _judge_stage(self, stage: int, plan: StagePlan) -> None:
-        """Ask the LLM judge, in one batch, for every trial of the stage that
-        the judge journal does not hold yet (under the stage's judge lock, so
-        one process of a run asks)."""
-        if stage in self._judged_stages:
-            return
-        run = self.run
-        for key in self.stage_keys(stage):
-            if key in run.decisions.run and self.session.own_gen(run, key) is None:
-                chunk = run.chunk_of.get((key[0], key[1]))
-                if chunk is not None and self.session.own_failure(run, key) is None:
-                    self.session.generate_chunk(run, chunk)
+    def _ask_llm_judge(self, stage: int, plan: StagePlan, items: list[tuple[RolloutKey, Generation]]) -> None:
+        """Ask the LLM judge, in one batch, for every trial of these rollouts that
+        its journal does not hold yet (the caller holds the stage's judging lock)."""
         recorder = self.judge_recorder
         assert recorder is not None
         provider, pv, identity = self.judge_provider()
         judge = self.eval.judge
         assert isinstance(judge, LlmJudge)
-        with recorder.chunk_locked(stage):
-            recorder.flush()
-            requests: list[Request] = []
-            for key in self.stage_keys(stage):
-                generation = self._candidate(key)
-                if generation is None:
+        recorder.flush()
+        requests: list[Request] = []
+        for key, generation in items:
+            for reference in plan.references:
+                ref_text = self.reference_answer(reference, key[1])
+                if ref_text is None:
                     continue
-                for reference in plan.references:
-                    ref_text = self.reference_answer(reference, key[1])
-                    if ref_text is None:
-                        continue
-                    for trial in range(judge.trials):
-                        request = self._judge_request(key, reference, trial, generation.text, ref_text)
-                        jkey = (stage, request.instance_id, 0)
-                        rq = planning.request_digest(request)
-                        if recorder.index.latest_gen(jkey, rq, pv) is None and not self._judge_failed(
-                            jkey, rq, pv
-                        ):
-                            requests.append(request)
-            if requests:
-                recorder.add(recorder.provider_rows(pv, identity))
-                events = generate_events(
-                    provider,
-                    requests,
-                    self.session.settings.max_attempts,
-                    None,
-                    self.session.settings.timeout,
-                )
-                for event in events:
-                    if isinstance(event, RoundEnd):
-                        recorder.flush()
-                        continue
-                    req = event.request
-                    rq = planning.request_digest(req)
-                    rows = recorder.request_rows(rq, planning.request_content(req))
-                    jkey = (req.stage, req.instance_id, 0)
-                    if isinstance(event, Done):
-                        rows.append(recorder.gen(jkey, rq, pv, event.generations[0]))
-                    elif isinstance(event, Failed):
-                        rows.append(recorder.fail(event.failure, rq, pv))
-                    recorder.add(rows)
+                for trial in range(judge.trials):
+                    request = self._judge_request(key, reference, trial, generation.text, ref_text)
+                    jkey = (stage, request.instance_id, 0)
+                    rq = planning.request_digest(request)
+                    if recorder.index.latest_gen(jkey, rq, pv) is None and not self._judge_failed(
+                        jkey, rq, pv
+                    ):
+                        requests.append(request)
+        if not requests:
+            return
+        recorder.add(recorder.provider_rows(pv, identity))
+        events = generate_events(
+            provider, requests, self.session.settings.max_attempts, None, self.session.settings.timeout
+        )
+        for event in events:
+            if isinstance(event, RoundEnd):
                 recorder.flush()
-        self._judged_stages.add(stage)
+                continue
+            req = event.request
+            rq = planning.request_digest(req)
+            rows = recorder.request_rows(rq, planning.request_content(req))
+            jkey = (req.stage, req.instance_id, 0)
+            if isinstance(event, Done):
+                rows.append(recorder.gen(jkey, rq, pv, event.generations[0]))
+            elif isinstance(event, Failed):
+                rows.append(recorder.fail(event.failure, rq, pv))
+            recorder.add(rows)
+        recorder.flush()
 
     def _judge_failed(self, jkey: RolloutKey, rq: str, pv: str) -> bool:
         recorder = self.judge_recorder
@@ -299,16 +290,13 @@ class EloDriver:
             and planning.is_final(fail.failure, self.session.settings.max_attempts)
         )
 
-    def _candidate(self, key: RolloutKey) -> Generation | None:
-        """The candidate's (post-processed) generation of a key, if it has one."""
+    def _candidate_ref(self, key: RolloutKey) -> GenRef | None:
+        """The candidate's generation a key's result stands on: reused, or this run's."""
         run = self.run
-        index = run.recorder.index
         ref = run.decisions.reuse.get(key) or self.session.own_gen(run, key)
         if ref is None and key not in run.decisions.run:
-            ref = index.latest_gen(key, run.plan.request_of(key), self.session.provider_digest)
-        if ref is None:
-            return None
-        return self.eval.pool.postprocess(index.generation(ref))
+            ref = run.recorder.index.latest_gen(key, run.plan.request_of(key), self.session.provider_digest)
+        return ref
 
     def _llm_trials(self, key: RolloutKey, reference: str, candidate: str, ref_text: str) -> list[float]:
         recorder = self.judge_recorder
@@ -338,65 +326,115 @@ class EloDriver:
         record = self.log().stages.get(stage)
         return record is not None and record.complete and record.fingerprint == self.fingerprints[stage - 1]
 
-    def judge(self, key: RolloutKey, raw: Generation, of: str) -> RolloutResult:
-        """Judge one rollout against each reference of its stage, and record the verdicts."""
+    def _valid_verdicts(self, key: RolloutKey, gen: GenRef, plan: StagePlan) -> ScoreRef | None:
+        """The journal's verdicts of a generation, if they stand for the stage's
+        plan: judged by this run, or by the earlier run whose plan this run
+        replays (same fingerprint: same judge, references and tasks)."""
+        score = self.run.recorder.index.score_of(key, gen)
+        if score is None:
+            return None
+        if score.run == self.session.run_id:
+            return score
+        replayed = self.replayed.get(key[0], False)
+        judged = set(score.judgments or ()) | set(score.no_answer)
+        if (
+            replayed
+            and score.error is None
+            and score.judgments is not None
+            and judged == set(plan.references)
+        ):
+            return score
+        return None
+
+    def judge_stage(self, stage: int) -> None:
+        """Judge every rollout of the stage that has a generation and no valid
+        verdicts yet, in one batch, under the stage's judging lock: one process
+        of a run judges a stage, the others read its verdicts from the journal."""
+        if stage in self._judged_stages:
+            return
         run = self.run
-        stage, tid, rollout = key
-        base = {"task": self.name, "stage": stage, "instance_id": tid, "rollout": rollout}
-        generation = self.eval.pool.postprocess(raw)
-        if key in run.decisions.reuse and self.kept(stage):
-            saved = run.recorder.index.score_of(key, run.decisions.reuse[key])
-            if (
-                saved is not None
-                and saved.error is None
-                and saved.judgments is not None
-                and saved.scores is not None
-            ):
-                run.resolved.add(key)
-                return RolloutResult(**base, generation=generation, scores=dict(saved.scores))
+        plan = self.plan(stage)
+        for key in self.stage_keys(stage):  # the stage's candidate generations first, each chunk once
+            if key in run.decisions.run and self.session.own_gen(run, key) is None:
+                chunk = run.chunk_of.get((key[0], key[1]))
+                if chunk is not None and self.session.own_failure(run, key) is None:
+                    self.session.generate_chunk(run, chunk)
+        recorder = run.recorder
+        with recorder.chunk_locked(f"judge-s{stage}"):
+            recorder.flush()
+            todo = []
+            for key in self.stage_keys(stage):
+                gen = self._candidate_ref(key)
+                if gen is not None and self._valid_verdicts(key, gen, plan) is None:
+                    todo.append((key, gen))
+            if todo and isinstance(self.eval.judge, LlmJudge):
+                self._ask_llm_judge(stage, plan, [(key, self._generation(gen)) for key, gen in todo])
+            for key, gen in todo:
+                recorder.add(self._verdict_rows(key, gen, plan))
+            recorder.flush()
+        self._judged_stages.add(stage)
+
+    def _generation(self, gen: GenRef) -> Generation:
+        return self.eval.pool.postprocess(self.run.recorder.index.generation(gen))
+
+    def _verdict_rows(self, key: RolloutKey, gen: GenRef, plan: StagePlan) -> list[dict[str, Any]]:
+        """Judge one rollout against each reference of its plan: its score row."""
+        stage, tid, _ = key
+        candidate = self._generation(gen).text
         judgments: dict[str, list[float]] = {}
         no_answer: list[str] = []
         error: str | None = None
         try:
-            plan = self.plan(stage)
-            if isinstance(self.eval.judge, LlmJudge):
-                self._judge_stage(stage, plan)
             instance = self.eval.pool.instance(tid)
             for reference in plan.references:
                 ref_text = self.reference_answer(reference, tid)
                 if ref_text is None:
                     no_answer.append(reference)
-                    continue
-                if isinstance(self.eval.judge, LlmJudge):
-                    judgments[reference] = self._llm_trials(key, reference, generation.text, ref_text)
+                elif isinstance(self.eval.judge, LlmJudge):
+                    judgments[reference] = self._llm_trials(key, reference, candidate, ref_text)
                 else:
-                    try:
-                        value = self.eval.judge(instance, generation.text, ref_text)
-                    except Exception as exc:
-                        raise EvalReplayError(
-                            f"the judge raised {type(exc).__name__} judging against {reference!r}: {exc}"
-                        ) from None
-                    try:
-                        judgments[reference] = [check_verdict(value)]
-                    except ValueError as exc:
-                        raise EvalReplayError(f"judging against {reference!r}: {exc}") from None
+                    judgments[reference] = [self._call_judge(instance, candidate, ref_text, reference)]
         except EvalReplayError as exc:
             error = str(exc)
         scores = {ref: mean(v) for ref, v in judgments.items()}
-        run.recorder.add(
-            run.recorder.score(
-                key,
-                of,
-                scores if error is None else None,
-                error,
-                judgments if error is None else None,
-                no_answer,
-            )
+        ok = error is None
+        return self.run.recorder.score(
+            key, gen.run, scores if ok else None, error, judgments if ok else None, no_answer
         )
+
+    def _call_judge(self, instance: dict[str, Any], candidate: str, ref_text: str, reference: str) -> float:
+        try:
+            value = self.eval.judge(instance, candidate, ref_text)  # type: ignore[operator]
+        except Exception as exc:
+            raise EvalReplayError(
+                f"the judge raised {type(exc).__name__} judging against {reference!r}: {exc}"
+            ) from None
+        try:
+            return check_verdict(value)
+        except ValueError as exc:
+            raise EvalReplayError(f"judging against {reference!r}: {exc}") from None
+
+    def judge(self, key: RolloutKey, raw: Generation, of: str) -> RolloutResult:
+        """An item's verdicts: its stage judged (once, by whichever process of
+        the run gets there first), read back from the journal."""
+        run = self.run
+        stage, tid, rollout = key
+        base = {"task": self.name, "stage": stage, "instance_id": tid, "rollout": rollout}
+        generation = self.eval.pool.postprocess(raw)
         run.resolved.add(key)
-        if error is not None:
+        try:
+            plan = self.plan(stage)
+            self.judge_stage(stage)
+        except EvalReplayError as exc:
+            return RolloutResult(**base, generation=generation, error=str(exc), failure_class="judging")
+        gen = self._candidate_ref(key)
+        score = self._valid_verdicts(key, gen, plan) if gen is not None else None
+        if score is None:
+            error = "no verdicts were recorded for this rollout; run again with --resume"
             return RolloutResult(**base, generation=generation, error=error, failure_class="judging")
-        return RolloutResult(**base, generation=generation, scores=scores)
+        if score.error is not None:
+            return RolloutResult(**base, generation=generation, error=score.error, failure_class="judging")
+        return RolloutResult(**base, generation=generation, scores=dict(score.scores or {}))
 
     # -- stages --------------------------------------------------------------------------
 
@@ -595,14 +633,6 @@ class EloDriver:
             from pytest_evalreplay import rundir
 
             rundir.write_task(recorder.directory, outcome, self.session.run_id, index, [], 1, metrics=False)
-
-
-def seed_rows(driver: EloDriver) -> list[dict[str, Any]]:
-    """The drawn seed, recorded once per journal (so a resumed run draws the same tasks)."""
-    log = driver.log()
-    if log.seed == driver.seed:
-        return []
-    return [seed_row(driver.seed, driver.session.run_id)]
 
 
 def recorded_seed(directory: Path, name: str, limit: int | None) -> int | None:

@@ -60,7 +60,7 @@ class TaskRecorder:
             yield
 
     @contextmanager
-    def chunk_locked(self, chunk: int) -> Iterator[None]:
+    def chunk_locked(self, chunk: int | str) -> Iterator[None]:
         """Held while generating a chunk, so one process of a run generates it;
         the others wait, then read its rows from the journal."""
         locks = self.directory / ".evalreplay-locks"

@@ -275,7 +275,6 @@ class EvalSession:
         from pytest_evalreplay.elorun import (
             EloDriver,
             check_kept_stages,
-            seed_rows,
             stage_of_first_incomplete,
         )
         from pytest_evalreplay.fingerprint import describe_change, fingerprint
@@ -356,7 +355,6 @@ class EvalSession:
         run.elo = driver
         self._chunk(run)
         self.runs[eval_.name] = run
-        recorder.add(seed_rows(driver))
 
     def _chunk(self, run: TaskRun) -> None:
         size = self.settings.batch_size

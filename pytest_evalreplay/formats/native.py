@@ -85,7 +85,9 @@ def prediction_files(directory: Path) -> list[Path]:
     EloEval's `<name>-judge-predictions.jsonl` (the judge's verdicts, another
     model's: replay reads them only to serve that judge)."""
     found = list_dir(directory, f"*{PREDICTIONS_SUFFIX}")
-    return only_files([p for p in found if not p.name.endswith(JUDGE_PREDICTIONS_SUFFIX)], "a predictions file")
+    return only_files(
+        [p for p in found if not p.name.endswith(JUDGE_PREDICTIONS_SUFFIX)], "a predictions file"
+    )
 
 
 def load_dir(builder: IndexBuilder, directory: Path) -> None:

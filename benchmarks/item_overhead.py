@@ -1,0 +1,92 @@
+"""The plugin's cost per item and its peak memory: an eval task of N items
+(instant provider, a scorer that returns 1.0) against bare pytest running N
+parametrized no-op tests (`-p no:evalreplay`), side by side, in child processes.
+
+    python benchmarks/item_overhead.py            # 20,000 items (3 pairs) and 100,000 (1 pair)
+    python benchmarks/item_overhead.py --quick    # 2,000 and 10,000 items, 2 pairs each
+
+Reported per size: the median CPU time (user + system of the pytest process),
+wall time and peak RSS (ru_maxrss) of each side and their ratios, and the
+plugin's marginal CPU per item. Goal: peak RSS within 1.5x of bare pytest's at
+20,000 and 100,000 items. The CPU and wall ratios have no goal of their own:
+they are the item overhead the other goals build on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scale_harness import (  # noqa: E402
+    BARE,
+    Compared,
+    Measure,
+    bare_project,
+    eval_args,
+    eval_project,
+    expect_in,
+    run_pytest,
+    verdict,
+    warm_up,
+)
+
+RSS_GOAL = 1.5
+
+
+def compare(tmp: Path, items: int, runs: int) -> Compared:
+    project = eval_project(tmp / f"eval-{items}", items)
+    bare = bare_project(tmp / f"bare-{items}", items)
+    out = tmp / f"out-{items}"
+    plugin: list[Measure] = []
+    baseline: list[Measure] = []
+    for n in range(runs):  # alternate which goes first, so load drifts hit both alike
+        for side in ("plugin", "bare") if n % 2 == 0 else ("bare", "plugin"):
+            if side == "plugin":
+                m = run_pytest(project, eval_args(out))
+                expect_in(m, f"{items:,} generated, 0 reused")
+                plugin.append(m)
+            else:
+                baseline.append(run_pytest(bare, BARE))
+    return Compared(plugin, baseline)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2,000 and 10,000 items, 2 pairs each")
+    parser.add_argument("--items", type=lambda s: [int(x) for x in s.split(",")], default=None)
+    parser.add_argument("--runs", type=int, default=None, help="pairs per size below 50,000 items")
+    parser.add_argument("--large-runs", type=int, default=None, help="pairs per size of 50,000 or more")
+    args = parser.parse_args(argv)
+    sizes = args.items or ([2_000, 10_000] if args.quick else [20_000, 100_000])
+    runs = args.runs or (2 if args.quick else 3)
+    large_runs = args.large_runs or (2 if args.quick else 1)
+    started = time.perf_counter()
+    missed = False
+    with tempfile.TemporaryDirectory(prefix="evalreplay-bench-") as name:
+        tmp = Path(name)
+        warm_up(tmp)
+        for items in sizes:
+            pairs = runs if items < 50_000 else large_runs
+            c = compare(tmp, items, pairs)
+            print(f"{items:,} items, median of {pairs} run(s) each: plugin vs bare pytest (-p no:evalreplay)")
+            print(c.line("cpu", "CPU time", "s", "plugin", "bare"))
+            print(c.line("wall", "wall time", "s", "plugin", "bare"))
+            print(c.line("maxrss_mib", "peak RSS", "MiB", "plugin", "bare"))
+            per_item = (c.median("a", "cpu") - c.median("b", "cpu")) / items * 1000
+            extra = (c.median("a", "maxrss_mib") - c.median("b", "maxrss_mib")) * 1024 / items
+            print(f"  per item : plugin's marginal CPU {per_item:.3f} ms, peak RSS {extra:.2f} KiB over bare")
+            ok = c.ratio("maxrss_mib") <= RSS_GOAL
+            missed |= not ok
+            print(f"  goal     : peak RSS <= {RSS_GOAL}x bare -> {verdict(ok)}")
+            sys.stdout.flush()
+    print(f"benchmark took {time.perf_counter() - started:.0f} s")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""A fully resumed run against the fresh run it resumes: an eval task of N
+items (instant provider, a scorer that returns 1.0) run fresh, then again with
+`--resume` over the same output dir, where every item is reused from the
+journal (deselected, rescored, the run dir rewritten), side by side.
+
+    python benchmarks/resume_speed.py            # 20,000 items, 3 pairs
+    python benchmarks/resume_speed.py --quick    # 5,000 items, 2 pairs
+
+Each pair is a fresh run (which starts the journal afresh) followed by its
+resumed run. Goal: the resumed run in at most 0.5x the time of the fresh run
+(CPU time, which the load of a shared machine disturbs less; wall time shown
+too). Bare pytest on N parametrized no-op tests is run alongside for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scale_harness import (  # noqa: E402
+    BARE,
+    Compared,
+    Measure,
+    bare_project,
+    eval_args,
+    eval_project,
+    expect_in,
+    run_pytest,
+    verdict,
+    warm_up,
+)
+
+GOAL = 0.5
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="5,000 items, 2 pairs")
+    parser.add_argument("--items", type=int, default=None)
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--no-bare", action="store_true", help="skip the bare pytest runs")
+    args = parser.parse_args(argv)
+    items = args.items or (5_000 if args.quick else 20_000)
+    runs = args.runs or (2 if args.quick else 3)
+    started = time.perf_counter()
+    fresh: list[Measure] = []
+    resumed: list[Measure] = []
+    bare: list[Measure] = []
+    with tempfile.TemporaryDirectory(prefix="evalreplay-bench-") as name:
+        tmp = Path(name)
+        warm_up(tmp)
+        project = eval_project(tmp / "eval", items)
+        bare_dir = bare_project(tmp / "bare", items)
+        out = tmp / "out"
+        for n in range(runs):
+            if not args.no_bare and n % 2 == 1:
+                bare.append(run_pytest(bare_dir, BARE))
+            m = run_pytest(project, eval_args(out))
+            expect_in(m, f"{items:,} generated, 0 reused")
+            fresh.append(m)
+            m = run_pytest(project, [*eval_args(out), "--resume"])
+            expect_in(m, f"0 generated, {items:,} reused")
+            expect_in(m, f"{items} deselected")
+            resumed.append(m)
+            if not args.no_bare and n % 2 == 0:
+                bare.append(run_pytest(bare_dir, BARE))
+    c = Compared(resumed, fresh)
+    print(f"{items:,} items, median of {runs} pair(s): --resume with every item reused vs the fresh run")
+    print(c.line("cpu", "CPU time", "s", "resumed", "fresh"))
+    print(c.line("wall", "wall time", "s", "resumed", "fresh"))
+    print(c.line("maxrss_mib", "peak RSS", "MiB", "resumed", "fresh"))
+    if bare:
+        b = Compared(resumed[: len(bare)], bare)
+        print(
+            f"  for scale: bare pytest, {items:,} no-op tests: CPU {b.median('b', 'cpu'):.2f} s, "
+            f"wall {b.median('b', 'wall'):.2f} s (resumed run {b.ratio('cpu'):.2f}x of it in CPU; "
+            f"fresh run {c.median('b', 'cpu') / b.median('b', 'cpu'):.2f}x)"
+        )
+    ok = c.ratio("cpu") <= GOAL
+    print(f"  goal     : resumed <= {GOAL}x the fresh run (CPU) -> {verdict(ok)}; wall {c.ratio('wall'):.3f}x")
+    print(f"benchmark took {time.perf_counter() - started:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Every speed benchmark of a pytest session, one after the other, and how
+long they took together.
+
+    python benchmarks/run_all.py            # each script's default sizes
+    python benchmarks/run_all.py --quick    # each script's --quick sizes
+
+Runs startup.py, item_overhead.py, resume_speed.py, collection.py and
+xdist_speedup.py (replay_load.py, elo_fit.py and vllm_overhead.py measure
+other things and run on their own). Goal: all of them together in under
+10 minutes on a 2-core machine. Exits non-zero when any script reports a
+missed goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = ["startup.py", "item_overhead.py", "resume_speed.py", "collection.py", "xdist_speedup.py"]
+GOAL_S = 600.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="pass --quick to every script that has it")
+    args = parser.parse_args(argv)
+    took: list[tuple[str, float, int]] = []
+    started = time.perf_counter()
+    for script in SCRIPTS:
+        cmd = [sys.executable, str(HERE / script)]
+        if args.quick and script != "startup.py":
+            cmd.append("--quick")
+        print(f"== {' '.join(cmd[1:])}", flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.run(cmd, check=False).returncode
+        took.append((script, time.perf_counter() - t0, rc))
+    total = time.perf_counter() - started
+    print("== times")
+    for script, seconds, rc in took:
+        print(f"  {script:<18} {seconds:6.0f} s{'' if rc == 0 else f'  (a goal missed, exit {rc})'}")
+    ok = total <= GOAL_S
+    print(f"  all together       {total:6.0f} s: goal under {GOAL_S / 60:.0f} minutes -> {'met' if ok else 'MISSED'}")
+    return 0 if ok and all(rc == 0 for _, _, rc in took) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

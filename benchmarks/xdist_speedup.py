@@ -1,0 +1,100 @@
+"""What pytest-xdist buys an eval suite whose scoring costs CPU: `-n 2`
+against a serial run of the same suite, side by side, with a scorer that
+busy-waits 2 ms of CPU per item (an instant provider: scoring is the work).
+Two shapes: one task of N items, and four tasks of N/4. For context, bare
+pytest's own `-n 2` speed-up on N parametrized tests that each busy-wait
+2 ms, on the same machine in the same rounds.
+
+    python benchmarks/xdist_speedup.py            # 8,000 items, 2 rounds
+    python benchmarks/xdist_speedup.py --quick    # 2,000 items, 1 round
+
+Speed-up = serial wall time / `-n 2` wall time (medians). Goal: at least
+1.6x for both shapes. A loaded machine (other processes on the two cores)
+caps every speed-up, bare pytest's too: compare with its figure. CPU time
+(all processes) is shown too: what `-n 2` adds in work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scale_harness import (  # noqa: E402
+    BARE,
+    Measure,
+    bare_project,
+    eval_args,
+    eval_project,
+    expect_in,
+    run_pytest,
+    verdict,
+    warm_up,
+)
+
+GOAL = 1.6
+BUSY_MS = 2.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2,000 items, 1 round")
+    parser.add_argument("--items", type=int, default=None)
+    parser.add_argument("--runs", type=int, default=None, help="rounds (each runs every shape serial and -n 2)")
+    args = parser.parse_args(argv)
+    items = args.items or (2_000 if args.quick else 8_000)
+    runs = args.runs or (1 if args.quick else 2)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="evalreplay-bench-") as name:
+        tmp = Path(name)
+        warm_up(tmp, xdist=True)
+        shapes = {
+            "one task": (eval_project(tmp / "one", items, tasks=1, busy_ms=BUSY_MS), "1 task"),
+            "four tasks": (eval_project(tmp / "four", items, tasks=4, busy_ms=BUSY_MS), "4 tasks"),
+            "bare pytest": (bare_project(tmp / "bare", items, busy_ms=BUSY_MS), None),
+        }
+        results: dict[tuple[str, str], list[Measure]] = {}
+        for n in range(runs):
+            modes = ("serial", "-n 2") if n % 2 == 0 else ("-n 2", "serial")
+            for shape, (project, _) in shapes.items():
+                for mode in modes:
+                    more = ["-n", "2"] if mode == "-n 2" else []
+                    if shape == "bare pytest":
+                        m = run_pytest(project, [*BARE, *more])
+                    else:
+                        m = run_pytest(project, [*eval_args(tmp / f"out-{shape}"), *more])
+                        expect_in(m, f"{items // (4 if shape == 'four tasks' else 1):,} generated, 0 reused")
+                    results.setdefault((shape, mode), []).append(m)
+    print(f"{items:,} items, scorer (or test) busy {BUSY_MS:g} ms of CPU each, median of {runs} round(s)")
+    ok_all = True
+    bare_speedup = None
+    for shape in shapes:
+        serial, parallel = results[(shape, "serial")], results[(shape, "-n 2")]
+        s_wall = sorted(m.wall for m in serial)[len(serial) // 2]
+        p_wall = sorted(m.wall for m in parallel)[len(parallel) // 2]
+        s_cpu = sorted(m.cpu for m in serial)[len(serial) // 2]
+        p_cpu = sorted(m.cpu for m in parallel)[len(parallel) // 2]
+        speedup = s_wall / p_wall
+        line = (
+            f"  {shape:<11}: serial {s_wall:6.2f} s, -n 2 {p_wall:6.2f} s wall -> speed-up {speedup:.2f}x; "
+            f"CPU serial {s_cpu:6.2f} s, -n 2 {p_cpu:6.2f} s ({p_cpu / s_cpu:.2f}x)"
+        )
+        if shape == "bare pytest":
+            bare_speedup = speedup
+            print(line + "  [context]")
+        else:
+            ok = speedup >= GOAL
+            ok_all &= ok
+            print(line + f"  goal >= {GOAL}x: {verdict(ok)}")
+    if bare_speedup is not None:
+        print(f"  bare pytest's own -n 2 speed-up here: {bare_speedup:.2f}x (what this machine allows)")
+    print(f"benchmark took {time.perf_counter() - started:.0f} s")
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
