@@ -289,7 +289,8 @@ def test_an_unreadable_file_or_directory_is_named(tmp_path: Path, unreadable: li
     target = {"run dir": run, "manifest.json": run / "manifest.json"}.get(which, run / f"t-{which}.jsonl")
     make_unreadable(unreadable, target)
     message = load_error(run)
-    assert message.startswith(str(target)) and "Permission denied (check its permissions)" in message, message
+    assert message.startswith(f"{target}: cannot "), message
+    assert "Permission denied (check its permissions)" in message, message
 
 
 @pytest.mark.parametrize(

@@ -119,8 +119,8 @@ def _load(builder: IndexBuilder, path: Path) -> None:
     match = SAMPLES.fullmatch(path.name) or LOOSE_SAMPLES.fullmatch(path.name)
     task = match["task"] if match else path.stem
     linenos: list[int] = []
-    builder.add_file(path, task, LAYOUT, decode, linenos, identify=identify)
-    blobs = builder.blobs
+    saved = builder.add_file(path, task, LAYOUT, decode, linenos, identify=identify)
+    blobs = saved.lines
     seen: dict[int | str, tuple[IndexKey, ...]] = {}  # doc_id -> keys: one save per doc, not per filter
     for lineno, where, row in _rows(path):
         doc_id = row["doc_id"]
@@ -138,7 +138,7 @@ def _load(builder: IndexBuilder, path: Path) -> None:
                 "none; was it written by lm_eval --log_samples?"
             )
         texts = _texts(row["resps"], where)
-        pos = len(blobs)
+        pos = saved.start + len(blobs)
         blobs.append(orjson.dumps([doc_id, texts]))  # the row's doc is not needed again
         linenos.append(lineno)
         for key in keys:
