@@ -474,6 +474,31 @@ def test_lm_eval_bad_rows_name_line_and_field(tmp_path: Path, row: Any, expected
     assert f"{path}:2: {expected}" in message, message
 
 
+def test_lm_eval_filters_that_disagree_on_the_texts_fail_naming_both_lines(tmp_path: Path) -> None:
+    path = tmp_path / "samples_t.jsonl"
+    path.write_bytes(
+        dump(lm_row(0, "Q?", [["4"]]), {**lm_row(0, "Q?", [["5"]]), "filter": "flexible-extract"})
+    )
+    message = failure(path, req("a", "Q?"))
+    assert "conflicting saves" in message and f"{path}:1" in message and f"{path}:2" in message
+    path.write_bytes(
+        dump(lm_row(0, "Q?", [["4"]]), {**lm_row(0, "Q?", [["4"]]), "filter": "flexible-extract"})
+    )
+    assert [g.text for g in served(path, req("a", "Q?"))] == ["4"]
+
+
+@pytest.mark.parametrize("layout", ["olmo-eval", "lm-eval"])
+def test_foreign_files_with_a_byte_order_mark_are_read(tmp_path: Path, layout: str) -> None:
+    bom = b"\xef\xbb\xbf"
+    if layout == "lm-eval":
+        path = tmp_path / "samples_t.jsonl"
+        path.write_bytes(bom + dump(lm_row(0, "Q?", [["yes"]])))
+    else:
+        olmo_tree(tmp_path, bom + dump(olmo_request(0)), bom + dump(olmo_prediction(0, "yes")))
+        path = tmp_path
+    assert [g.text for g in served(path, req("a", "Q?"))] == ["yes"]
+
+
 def test_lm_eval_gzipped_samples_are_read(tmp_path: Path) -> None:
     (tmp_path / "org__m").mkdir()
     path = tmp_path / "org__m" / "samples_t_2025-01-31T10-20-30.123456.jsonl.gz"
