@@ -402,15 +402,17 @@ def bad_row(path: Path | str, lineno: int | None, expected: str) -> EvalReplayEr
 def bad_field(where: str, name: str, expected: str, value: Any) -> EvalReplayError:
     """A field of the wrong type, by its path in the row."""
     return EvalReplayError(
-        f"{where}: {name!r} must be {expected}, got {type_name(value)} ({show(value, 40)}); "
-        "fix or delete that line"
+        f"{where}: {name!r} must be {expected}, got {_described(value)}; fix or delete that line"
     )
+
+
+def _described(value: Any) -> str:
+    return "null" if value is None else f"{type_name(value)} ({show(value, 40)})"
 
 
 def not_an_object(where: str, what: str, value: Any) -> EvalReplayError:
     return EvalReplayError(
-        f"{where}: {what} must be a JSON object, got {type_name(value)} ({show(value, 40)}); "
-        "fix or delete that line"
+        f"{where}: {what} must be a JSON object, got {_described(value)}; fix or delete that line"
     )
 
 
