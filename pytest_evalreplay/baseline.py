@@ -45,7 +45,8 @@ def _bad(path: Path, field: str, expected: str, value: Any) -> EvalReplayError:
     shown = repr(value)
     if len(shown) > 60:
         shown = shown[:57] + "..."
-    return EvalReplayError(f"{path}: {field}: expected {expected}, got {_kind(value)} ({shown}); {REWRITE}")
+    got = "null" if value is None else f"{_kind(value)} ({shown})"
+    return EvalReplayError(f"{path}: {field}: expected {expected}, got {got}; {REWRITE}")
 
 
 def _number(value: Any, path: Path, field: str) -> float:

@@ -289,7 +289,8 @@ def test_an_unreadable_file_or_directory_is_named(tmp_path: Path, unreadable: li
     target = {"run dir": run, "manifest.json": run / "manifest.json"}.get(which, run / f"t-{which}.jsonl")
     make_unreadable(unreadable, target)
     message = load_error(run)
-    assert message.startswith(str(target)) and "Permission denied (check its permissions)" in message, message
+    assert message.startswith(f"{target}: cannot "), message
+    assert "Permission denied (check its permissions)" in message, message
 
 
 @pytest.mark.parametrize(
@@ -471,6 +472,31 @@ def test_lm_eval_bad_rows_name_line_and_field(tmp_path: Path, row: Any, expected
     path.write_bytes(dump(lm_row(1, "P"), row))
     message = load_error(path)
     assert f"{path}:2: {expected}" in message, message
+
+
+def test_lm_eval_filters_that_disagree_on_the_texts_fail_naming_both_lines(tmp_path: Path) -> None:
+    path = tmp_path / "samples_t.jsonl"
+    path.write_bytes(
+        dump(lm_row(0, "Q?", [["4"]]), {**lm_row(0, "Q?", [["5"]]), "filter": "flexible-extract"})
+    )
+    message = failure(path, req("a", "Q?"))
+    assert "conflicting saves" in message and f"{path}:1" in message and f"{path}:2" in message
+    path.write_bytes(
+        dump(lm_row(0, "Q?", [["4"]]), {**lm_row(0, "Q?", [["4"]]), "filter": "flexible-extract"})
+    )
+    assert [g.text for g in served(path, req("a", "Q?"))] == ["4"]
+
+
+@pytest.mark.parametrize("layout", ["olmo-eval", "lm-eval"])
+def test_foreign_files_with_a_byte_order_mark_are_read(tmp_path: Path, layout: str) -> None:
+    bom = b"\xef\xbb\xbf"
+    if layout == "lm-eval":
+        path = tmp_path / "samples_t.jsonl"
+        path.write_bytes(bom + dump(lm_row(0, "Q?", [["yes"]])))
+    else:
+        olmo_tree(tmp_path, bom + dump(olmo_request(0)), bom + dump(olmo_prediction(0, "yes")))
+        path = tmp_path
+    assert [g.text for g in served(path, req("a", "Q?"))] == ["yes"]
 
 
 def test_lm_eval_gzipped_samples_are_read(tmp_path: Path) -> None:

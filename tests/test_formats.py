@@ -11,9 +11,11 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pytest_evalreplay import EvalReplayError, EvalTask, GenerationError, Request
-from pytest_evalreplay.formats import lm_eval, load, olmo_eval
+from pytest_evalreplay.formats import IndexBuilder, lm_eval, load, native, olmo_eval
 from pytest_evalreplay.providers.replay import ReplayProvider
 
 
@@ -374,3 +376,138 @@ def test_the_load_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -> No
     result = main(["--rows", "1000", "--repeats", "1"])
     assert result["rows"] == 1000 and result["load_s"] > 0
     assert "of bare" in capsys.readouterr().out
+
+
+# -- the two ways through our run dir agree -----------------------------------
+
+
+def read_both_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """What `load` makes of `path`, and what it makes with the in-step way off:
+    the prompts, the served results of every saved prompt, or the error."""
+
+    def outcome() -> Any:
+        try:
+            provider = ReplayProvider.from_path(path)
+        except EvalReplayError as exc:
+            return ("error", str(exc))
+        prompts = sorted(provider.index.prompts(), key=repr)
+        requests = [
+            req(f"i{n}", context, system_prompt=system, num_samples=k)
+            for n, (context, system) in enumerate(prompts)
+            for k in (1, 2)
+        ]
+        return prompts, texts(provider.generate(requests))
+
+    fast = outcome()
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "_load_in_step", lambda *args: False)
+        general = outcome()
+    return fast, general
+
+
+def uses_in_step(path: Path) -> bool:
+    return all(f.decode is native.decode_in_step for f in load(path).files)
+
+
+def test_the_plugins_files_take_the_in_step_way_and_read_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests = [
+        req(f"q{i}", f"question {i}", system_prompt=None if i % 3 else "Be brief.") for i in range(600)
+    ]
+    jsonl(tmp_path / "t-requests.jsonl", [r.to_row() for r in requests])
+    jsonl(
+        tmp_path / "t-predictions.jsonl",
+        [native_pred(r.instance_id, f"answer {n}") for n, r in enumerate(requests)],
+    )
+    assert uses_in_step(tmp_path)
+    fast, general = read_both_ways(tmp_path, monkeypatch)
+    assert fast == general and len(fast[0]) == 600
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "a prompt saved twice in the last block",
+        "a stage-2 row",
+        "a loglikelihood row",
+        "an image row",
+        "a chat context",
+        "an id JSON escapes",
+        "a model that changes",
+        "a predictions row missing",
+        "a blank line",
+    ],
+)
+def test_what_the_in_step_way_leaves_to_the_general_way_reads_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    requests = [req(f"q{i}", f"question {i}") for i in range(600)]
+    predictions = [native_pred(r.instance_id, f"answer {n}") for n, r in enumerate(requests)]
+    if change == "a prompt saved twice in the last block":
+        requests[590] = req("q590", "question 3")
+    elif change == "a stage-2 row":
+        requests[10] = req("q10", "question 10", stage=2)
+        predictions[10] = {**predictions[10], "stage": 2}
+    elif change == "a loglikelihood row":
+        requests[300] = req("q300", "question 300", request_type="loglikelihood")
+    elif change == "an image row":
+        requests[300] = req("q300", "question 300", images=("cat.png",))
+    elif change == "a chat context":
+        requests[5] = req("q5", [{"role": "user", "content": "question 5"}])
+    elif change == "an id JSON escapes":
+        requests[7] = req('q"7', "question 7")
+        predictions[7] = native_pred('q"7', "answer 7")
+    elif change == "a model that changes":
+        predictions[400] = {**predictions[400], "model": "other"}
+    elif change == "a predictions row missing":
+        del predictions[200]
+    jsonl(tmp_path / "t-requests.jsonl", [r.to_row() for r in requests])
+    path = jsonl(tmp_path / "t-predictions.jsonl", predictions)
+    if change == "a blank line":
+        path.write_bytes(path.read_bytes().replace(b"\n", b"\n\n", 1))
+    if change != "a model that changes":  # (that one is refused both ways)
+        assert not uses_in_step(tmp_path)
+    fast, general = read_both_ways(tmp_path, monkeypatch)
+    assert fast == general
+
+
+def test_the_in_step_way_leaves_nothing_behind_when_it_gives_up(tmp_path: Path) -> None:
+    requests = [req(f"q{i}", f"question {i}").to_row() for i in range(1000)]
+    requests[900] = {**requests[900], "stage": 2}  # in a later block than the first
+    lines = [orjson.dumps(r) for r in requests]
+    data = b"".join(orjson.dumps(native_pred(f"q{i}", "x")) + b"\n" for i in range(1000))
+    builder = IndexBuilder(tmp_path)
+    builder.keys["kept"] = 0
+    assert not native._load_in_step(builder, tmp_path / "t-predictions.jsonl", "t", lines, data)
+    assert builder.keys == {"kept": 0} and builder.files == []
+
+
+_id_text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=6)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(
+        st.tuples(
+            _id_text,
+            st.text(st.characters(blacklist_categories=("Cs",)), max_size=8),
+            st.none() | st.sampled_from(["", "sys"]),
+            st.lists(
+                st.text(st.characters(blacklist_categories=("Cs",)), max_size=4), min_size=1, max_size=2
+            ),
+        ),
+        max_size=12,
+    )
+)
+def test_any_run_dir_reads_the_same_both_ways(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, rows: list[Any]
+) -> None:
+    directory = tmp_path_factory.mktemp("run")
+    jsonl(directory / "t-requests.jsonl", [req(i, c, system_prompt=s).to_row() for i, c, s, _ in rows])
+    jsonl(
+        directory / "t-predictions.jsonl",
+        [{**native_pred(i, ""), "generations": [{"text": t} for t in g]} for i, _, _, g in rows],
+    )
+    fast, general = read_both_ways(directory, monkeypatch)
+    assert fast == general

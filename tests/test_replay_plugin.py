@@ -153,3 +153,57 @@ def test_a_limit_style_replay_is_judged_by_the_failure_budget(pytester: pytest.P
     result = pytester.runpytest(*args, "--evalreplay-failure-budget=0.25")
     result.assert_outcomes(passed=4, failed=1)
     result.stdout.fnmatch_lines(["*gate qa: PASS exact_match=1.0000; 1/4 items failed (budget 0.25)*"])
+
+
+DOCS_EXAMPLE = """
+from pytest_evalreplay import GenerationError, Request
+
+def test_refusals_are_rare(replay_provider):
+    request = Request(task="chat", instance_id="x", context="Hi!", num_samples=4)
+    (gens,) = replay_provider.generate([request])
+    assert not isinstance(gens, GenerationError), gens.message
+    assert sum("I can't" in g.text for g in gens) <= 1
+
+def test_without_num_samples_the_count_differs(replay_provider):
+    (result,) = replay_provider.generate([Request(task="chat", instance_id="x", context="Hi!")])
+    assert isinstance(result, GenerationError)
+    assert "saved sample count 4 differs from num_samples 1" in result.message
+
+def test_rollouts_pick_samples(replay_provider):
+    request = Request(task="chat", instance_id="x", context="Hi!", num_samples=4, rollouts=(3, 0))
+    (gens,) = replay_provider.generate([request])
+    assert [g.text for g in gens] == ["Hey.", "Hello!"]
+"""
+
+
+def test_the_docs_fixture_example_serves_a_save_of_several_samples(pytester: pytest.Pytester) -> None:
+    saved = pytester.path / "saved"
+    saved.mkdir()
+    request = Request(task="chat", instance_id="x", context="Hi!", num_samples=4)
+    texts = ["Hello!", "Hi there.", "I can't help with that.", "Hey."]
+    (saved / "chat-requests.jsonl").write_bytes(orjson.dumps(request.to_row()) + b"\n")
+    row = {"instance_id": "x", "model": "m", "generations": [{"text": t} for t in texts], "scores": {}}
+    (saved / "chat-predictions.jsonl").write_bytes(orjson.dumps(row) + b"\n")
+    pytester.makepyfile(test_hand=DOCS_EXAMPLE)
+    result = pytester.runpytest(
+        "--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(passed=3)
+
+
+def test_a_saved_run_with_a_bad_field_is_a_usage_error_naming_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_evals=EVALS)
+    saved = write_saved_run(pytester.path / "saved", {"a": "2", "b": "4"})
+    rows = (saved / "qa-requests.jsonl").read_bytes().splitlines()
+    rows[1] = rows[1].replace(
+        b'"system_prompt":"Reply with a number."', b'"system_prompt":["Reply with a number."]'
+    )
+    (saved / "qa-requests.jsonl").write_bytes(b"\n".join(rows) + b"\n")
+    result = pytester.runpytest(
+        "--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*qa-requests.jsonl:2: 'system_prompt' must be a string or null, got a list*"]
+    )
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()

@@ -3,10 +3,11 @@
 Every reader (our run dir, olmo-eval, lm-evaluation-harness) fills the same
 `IndexBuilder`, so replay has one set of rules whatever wrote the files.
 Loading is one streaming pass: each file is read once, and a saved row is
-kept as its raw bytes in one flat list (`blobs`), the index holding only
-positions in it; a row is decoded into `SavedRow` (and checked field by
-field) when a request asks for its prompt. A million saved rows then cost
-little more than their bytes in memory.
+kept as its raw bytes (each file's rows numbered from the file's `start`, the
+index holding only those positions); a row is decoded into `SavedRow` (and
+checked field by field) when a request asks for its prompt. A file read the
+fast way keeps its bytes as one buffer and the bounds of its lines, so a
+million saved rows cost little more than their bytes in memory.
 
 Everything a reader can meet in a file (bad JSON, a wrong field type, a
 directory or an unreadable file where a file should be) is an
@@ -33,7 +34,7 @@ from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey
 # canonical JSON as bytes) when there is no system prompt, else the pair. Most
 # saves have no system prompt, and a bare string costs no tuple per row.
 IndexKey = Any
-# A prompt's saves: one position in `blobs`, or (a prompt saved twice) several.
+# A prompt's saves: one position, or (a prompt saved twice) several.
 Slot = int | list[int]
 
 WHAT_CAN_BE_READ = (
@@ -118,10 +119,12 @@ Identify = Callable[[bytes], "tuple[int, str] | None"]
 
 @dataclass(frozen=True)
 class SavedFile:
-    """A predictions file: where its blobs start and how to decode them.
+    """A predictions file: its rows' bytes, where their positions start, and
+    how to decode them.
 
-    `linenos` is None when the file's every line went into `blobs` (line
-    number = position - start + 1), else the line number of each blob.
+    The rows are `lines`, or, for a file read the fast way, slices of one
+    buffer: row i is `data[bounds[i] + 1 : bounds[i + 1]]`. `linenos` is None
+    when row i is line i + 1 of the file, else the line number of each row.
     """
 
     path: Path
@@ -131,6 +134,17 @@ class SavedFile:
     start: int
     linenos: list[int] | None = None
     identify: Identify | None = None
+    lines: list[bytes] = field(default_factory=list)
+    data: bytes = b""
+    bounds: Any = None  # a numpy int64 array, when `data` holds the rows
+
+    def __len__(self) -> int:
+        return len(self.lines) if self.bounds is None else len(self.bounds) - 1
+
+    def blob(self, offset: int) -> bytes:
+        if self.bounds is None:
+            return self.lines[offset]
+        return self.data[int(self.bounds[offset]) + 1 : int(self.bounds[offset + 1])]
 
 
 @dataclass(frozen=True)
@@ -140,7 +154,6 @@ class SavedIndex:
     source: Path
     files: tuple[SavedFile, ...]
     keys: dict[IndexKey, Slot]
-    blobs: list[bytes]
     model: str | None
     skipped: int  # loglikelihood, image and tool saves left out at load
     _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -159,7 +172,7 @@ class SavedIndex:
         return [self.decode(pos) for pos in ([slot] if type(slot) is int else slot)]
 
     def decode(self, pos: int) -> SavedRow:
-        return decode_at(self.files, self.blobs, pos)
+        return decode_at(self.files, pos)
 
     def where(self, pos: int) -> str:
         source, lineno = locate(self.files, pos)
@@ -175,7 +188,7 @@ class SavedIndex:
         """A saved row's (stage, instance id), cheaply where the layout allows."""
         source, _ = locate(self.files, pos)
         if source.identify is not None:
-            found = source.identify(self.blobs[pos])
+            found = source.identify(source.blob(pos - source.start))
             if found is not None:
                 return found
         try:
@@ -218,26 +231,32 @@ def _start(saved: SavedFile) -> int:
     return saved.start
 
 
-def decode_at(files: list[SavedFile] | tuple[SavedFile, ...], blobs: list[bytes], pos: int) -> SavedRow:
+def decode_at(files: list[SavedFile] | tuple[SavedFile, ...], pos: int) -> SavedRow:
     source, lineno = locate(files, pos)
-    return source.decode(blobs[pos], f"{source.path}:{lineno}", source.path)
+    return source.decode(source.blob(pos - source.start), f"{source.path}:{lineno}", source.path)
 
 
 @dataclass
 class IndexBuilder:
-    """Collects blobs and keys from readers; `finish` checks the whole-path rules.
+    """Collects files and keys from readers; `finish` checks the whole-path rules.
 
-    Readers insert with `keys.setdefault(key, pos)` and call `collide` only
-    when that returns an older position.
+    A reader starts a file with `add_file`, appends its rows to that file's
+    `lines` (or gives the whole buffer), and inserts each row's position
+    (`start` + its offset) with `insert`, which calls `collide` when the
+    prompt is already there.
     """
 
     source: Path
     files: list[SavedFile] = field(default_factory=list)
     keys: dict[IndexKey, Slot] = field(default_factory=dict)
-    blobs: list[bytes] = field(default_factory=list)
     models: dict[str, list[Path]] = field(default_factory=dict)
     fallback_model: str | None = None
     skipped: int = 0
+
+    @property
+    def size(self) -> int:
+        """The position the next file's rows start at."""
+        return self.files[-1].start + len(self.files[-1]) if self.files else 0
 
     def add_file(
         self,
@@ -247,9 +266,23 @@ class IndexBuilder:
         decode: Decoder,
         linenos: list[int] | None = None,
         identify: Identify | None = None,
+        lines: list[bytes] | None = None,
+        data: bytes = b"",
+        bounds: Any = None,
     ) -> SavedFile:
-        """Start a file; its blobs are appended to `blobs` from now on."""
-        saved = SavedFile(path, task, layout, decode, len(self.blobs), linenos, identify)
+        """Start a file (the last one's rows are all in by now)."""
+        saved = SavedFile(
+            path,
+            task,
+            layout,
+            decode,
+            self.size,
+            linenos,
+            identify,
+            [] if lines is None else lines,
+            data,
+            bounds,
+        )
         self.files.append(saved)
         return saved
 
@@ -286,7 +319,7 @@ class IndexBuilder:
 
     def _instance(self, pos: int) -> str:
         try:
-            return show(decode_at(self.files, self.blobs, pos).instance_id)
+            return show(decode_at(self.files, pos).instance_id)
         except EvalReplayError:
             return "?"
 
@@ -310,7 +343,6 @@ class IndexBuilder:
             source=self.source,
             files=tuple(self.files),
             keys=self.keys,
-            blobs=self.blobs,
             model=model,
             skipped=self.skipped,
         )
@@ -370,15 +402,17 @@ def bad_row(path: Path | str, lineno: int | None, expected: str) -> EvalReplayEr
 def bad_field(where: str, name: str, expected: str, value: Any) -> EvalReplayError:
     """A field of the wrong type, by its path in the row."""
     return EvalReplayError(
-        f"{where}: {name!r} must be {expected}, got {type_name(value)} ({show(value, 40)}); "
-        "fix or delete that line"
+        f"{where}: {name!r} must be {expected}, got {_described(value)}; fix or delete that line"
     )
+
+
+def _described(value: Any) -> str:
+    return "null" if value is None else f"{type_name(value)} ({show(value, 40)})"
 
 
 def not_an_object(where: str, what: str, value: Any) -> EvalReplayError:
     return EvalReplayError(
-        f"{where}: {what} must be a JSON object, got {type_name(value)} ({show(value, 40)}); "
-        "fix or delete that line"
+        f"{where}: {what} must be a JSON object, got {_described(value)}; fix or delete that line"
     )
 
 
@@ -400,13 +434,21 @@ def first_row(path: Path) -> object:
     return None
 
 
+def listable(path: Path) -> None:
+    """An unreadable directory is an error naming it (a glob or a stat below
+    it would say nothing is there, or name a path that does not exist)."""
+    try:
+        with os.scandir(path):
+            pass
+        os.stat(path / ".")
+    except OSError as exc:
+        raise os_error(path, exc, "list") from None
+
+
 def list_dir(path: Path, pattern: str) -> list[Path]:
     """The entries of `path` matching a glob pattern, sorted; an unreadable
     directory is an error (a plain glob would silently find nothing)."""
-    try:
-        os.listdir(path)
-    except OSError as exc:
-        raise os_error(path, exc, "list") from None
+    listable(path)
     return sorted(path.glob(pattern))
 
 
@@ -505,6 +547,7 @@ def _load(path: Path) -> SavedIndex:
         else:
             raise EvalReplayError(f"{path}: not a predictions file; expected {WHAT_CAN_BE_READ}")
     elif path.is_dir():
+        listable(path)
         if olmo_eval.is_results_dir(path):
             olmo_eval.load_results_dir(builder, path)
         elif olmo_eval.is_model_dir(path):

