@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scale_harness import (  # noqa: E402
+from scale_harness import (
     BARE,
     Compared,
     Measure,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scale_harness import (  # noqa: E402
+from scale_harness import (
     BARE,
     Compared,
     Measure,
@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             f"fresh run {c.median('b', 'cpu') / b.median('b', 'cpu'):.2f}x)"
         )
     ok = c.ratio("cpu") <= GOAL
-    print(f"  goal     : resumed <= {GOAL}x the fresh run (CPU) -> {verdict(ok)}; wall {c.ratio('wall'):.3f}x")
+    print(
+        f"  goal     : resumed <= {GOAL}x the fresh run (CPU) -> {verdict(ok)}; wall {c.ratio('wall'):.3f}x"
+    )
     print(f"benchmark took {time.perf_counter() - started:.0f} s")
     return 0 if ok else 1
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scale_harness import (  # noqa: E402
+from scale_harness import (
     BARE,
     Measure,
     bare_project,
@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2,000 items, 1 round")
     parser.add_argument("--items", type=int, default=None)
-    parser.add_argument("--runs", type=int, default=None, help="rounds (each runs every shape serial and -n 2)")
+    parser.add_argument(
+        "--runs", type=int, default=None, help="rounds (each runs every shape serial and -n 2)"
+    )
     args = parser.parse_args(argv)
     items = args.items or (2_000 if args.quick else 8_000)
     runs = args.runs or (1 if args.quick else 2)

@@ -47,7 +47,24 @@ _EXPORTS: dict[str, str] = {
 }
 _SUBMODULES = ("judges", "scorers")
 
-__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+__all__ = [
+    "EloEval",
+    "EvalReplayError",
+    "EvalResult",
+    "EvalTask",
+    "Gate",
+    "Generation",
+    "GenerationError",
+    "Provider",
+    "Reference",
+    "ReplayProvider",
+    "Request",
+    "RolloutResult",
+    "Stage",
+    "StreamingProvider",
+    "judges",
+    "scorers",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -61,7 +61,8 @@ def check_result(request: Request, result: object) -> GenerateResult:
     for n, gen in enumerate(result):
         if not isinstance(gen, Generation):
             return GenerationError(
-                f"provider returned a {type(gen).__name__} for rollout {request.rollouts[n]}; expected a Generation",
+                f"provider returned a {type(gen).__name__} for rollout {request.rollouts[n]}; "
+                "expected a Generation",
                 retryable=False,
             )
         problem = gen.problem()

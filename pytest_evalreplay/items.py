@@ -52,7 +52,7 @@ class TaskCollector(pytest.Collector):
             self.task.request_digests()
         except EvalReplayError as exc:
             raise self.CollectError(str(exc)) from None
-        for stage, iid, rollout in self.task.keys():
+        for stage, iid, rollout in self.task.item_keys():
             name = f"{iid}[s{stage}-r{rollout}]"
             yield RolloutItem.from_parent(
                 self,

@@ -217,7 +217,7 @@ class EvalSession:
             _, stage_tasks = self.elo_draw(obj)
             n = obj.num_samples
             return [(s, tid, r) for s, tids in enumerate(stage_tasks, 1) for tid in tids for r in range(n)]
-        return obj.keys()
+        return obj.item_keys()
 
     def register(
         self,

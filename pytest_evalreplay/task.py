@@ -240,7 +240,7 @@ class EvalTask:
             "list of chat messages ({'role': ..., 'content': ...})"
         )
 
-    def keys(self) -> list[tuple[int, str, int]]:
+    def item_keys(self) -> list[tuple[int, str, int]]:
         """Every item of the task: (stage, instance id, rollout), in collection order."""
         return [(1, inst["id"], r) for inst in self.instances for r in range(self.num_samples)]
 

@@ -250,7 +250,8 @@ def test_ids_with_newlines_and_carriage_returns_join(tmp_path: Path) -> None:
 def test_lone_surrogates_are_refused_with_their_line(tmp_path: Path) -> None:
     bad = orjson.dumps(req("b").to_row()).replace(b'"Q b?"', b'"Q\\ud800?"')
     path = run_dir(tmp_path, dump(req().to_row(), bad), dump(pred(), pred("b")))
-    assert f"{path / 't-requests.jsonl'}:2: not valid JSON (no low surrogate in string" in load_error(path)
+    message = load_error(path)
+    assert f"{path / 't-requests.jsonl'}:2: not valid JSON (" in message and "surrogate" in message
 
 
 def test_a_request_whose_context_cannot_be_json_fails_alone(tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ BASE_FIELDS = {
     "gate": "None",
 }
 
-U, C, F, OK, I = (  # usage error, collection error, failed items, passed, stopped
+U, C, F, OK, STOPPED = (  # usage error, collection error, failed items, passed, stopped
     pytest.ExitCode.USAGE_ERROR,
     pytest.ExitCode.INTERRUPTED,
     pytest.ExitCode.TESTS_FAILED,
@@ -85,7 +85,8 @@ CASES: dict[str, Case] = {
     ),
     "failure budget nan": Case(
         ("--evalreplay-failure-budget=nan",),
-        message="--evalreplay-failure-budget (ini evalreplay_failure_budget) must be a number in [0, 1], got 'nan'",
+        message="--evalreplay-failure-budget (ini evalreplay_failure_budget) must be a number in [0, 1], "
+        "got 'nan'",
     ),
     "failure budget above 1": Case(("--evalreplay-failure-budget=2",), message="must be a number in [0, 1]"),
     "concurrency 0": Case(
@@ -210,7 +211,7 @@ CASES: dict[str, Case] = {
     ),
     "provider raises SystemExit": Case(
         fields={"instances": '[{"id": "exit", "q": "x"}, {"id": "b", "q": "y"}]'},
-        ret=I,
+        ret=STOPPED,
         message="the provider raised SystemExit(3); stopping the session",
     ),
     "scorer returns a string": Case(

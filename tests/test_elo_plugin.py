@@ -393,7 +393,9 @@ def test_an_llm_judge_is_journaled_never_asked_again_and_replays_without_a_model
     assert (project.out / "memo-judge-predictions.jsonl").exists()
     assert (project.out / "memo-judge-requests.jsonl").exists()
     rating = project.elo()["rating"]
-    judge_rows = [orjson.loads(x) for x in (project.out / "memo-judge-predictions.jsonl").read_bytes().splitlines()]
+    judge_rows = [
+        orjson.loads(x) for x in (project.out / "memo-judge-predictions.jsonl").read_bytes().splitlines()
+    ]
     assert {r["model"] for r in judge_rows} == {"judge-1"}
     replay = project.run(f"--evalreplay-predictions={project.out}", f"--evalreplay-output={tmp_path / 're'}")
     assert replay.returncode == 0, replay.stdout + replay.stderr

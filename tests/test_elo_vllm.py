@@ -79,7 +79,8 @@ def test_an_llm_judge_on_the_real_engine_replays_without_it(
     first = orjson.loads((run1 / "duel-metrics.json").read_bytes())["elo"]
     again = orjson.loads((run2 / "duel-metrics.json").read_bytes())["elo"]
     assert again["rating"] == first["rating"] and again["stages"] == first["stages"]
-    verdicts = lambda run: [
-        orjson.loads(x)["scores"] for x in (run / "duel-predictions.jsonl").read_bytes().splitlines()
-    ]  # noqa: E731
+
+    def verdicts(run):
+        return [orjson.loads(x)["scores"] for x in (run / "duel-predictions.jsonl").read_bytes().splitlines()]
+
     assert verdicts(run2) == verdicts(run1)

@@ -21,7 +21,18 @@ def examples(pytester: pytest.Pytester) -> Path:
 
 def metrics(run_dir: Path, task: str) -> dict:
     doc = orjson.loads((run_dir / f"{task}-metrics.json").read_bytes())
-    return {k: doc.get(k) for k in ("metrics", "num_instances", "num_items", "num_failed", "elo")}
+    return rounded({k: doc.get(k) for k in ("metrics", "num_instances", "num_items", "num_failed", "elo")})
+
+
+def rounded(value: object) -> object:
+    """Floats to 9 significant digits: numpy versions differ in the last bits of a bootstrap interval."""
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    return value
 
 
 def test_example_suite_runs_on_the_rule_based_model(pytester, examples):

@@ -61,6 +61,8 @@ class Stub:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 @pytest.fixture
@@ -79,7 +81,7 @@ def stubs(tmp_path):
 
 def pytest_cmd(project: Path, *args: str) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", "-p", "pytest_evalreplay.plugin", "-p", "no:cacheprovider", "-q"]
-    return cmd + ["--evalreplay-output=out", *args]
+    return [*cmd, "--evalreplay-output=out", *args]
 
 
 def env() -> dict[str, str]:
@@ -111,9 +113,8 @@ def test_a_kill_after_half_the_answers_loses_only_the_last_group_and_what_was_in
         pytest_cmd(tmp_path, *args),
         cwd=tmp_path,
         env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     while len(stub.answered()) < N // 2 and proc.poll() is None:
         time.sleep(0.02)

@@ -310,7 +310,7 @@ def test_malformed_instances_file_names_file_and_line(pytester, project):
         "t = EvalTask('f', 'qs.jsonl', prompt='x', scorer='contains')\n"
     )
     result = run(pytester)
-    result.stdout.fnmatch_lines(["*qs.jsonl:2: malformed JSON*"])
+    result.stdout.fnmatch_lines(["*qs.jsonl:2: not valid JSON*fix or delete that line*"])
 
 
 def test_xdist_workers_notes_and_numbers_reach_the_controller_summary(pytester, project):
