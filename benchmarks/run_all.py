@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     for script, seconds, rc in took:
         print(f"  {script:<18} {seconds:6.0f} s{'' if rc == 0 else f'  (a goal missed, exit {rc})'}")
     ok = total <= GOAL_S
-    print(f"  all together       {total:6.0f} s: goal under {GOAL_S / 60:.0f} minutes -> {'met' if ok else 'MISSED'}")
+    verdict = "met" if ok else "MISSED"
+    print(f"  all together       {total:6.0f} s: goal under {GOAL_S / 60:.0f} minutes -> {verdict}")
     return 0 if ok and all(rc == 0 for _, _, rc in took) else 1
 
 

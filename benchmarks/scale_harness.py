@@ -53,13 +53,13 @@ BUSY = {busy!r}
 
 
 def busy():
-    """Spend BUSY seconds of this thread's CPU time (a loaded machine stretches the wall time, not the work)."""
+    """Spend BUSY seconds of this thread's CPU time (load stretches the wall time, not the work)."""
     end = time.thread_time() + BUSY
     while time.thread_time() < end:
         pass
 '''
 
-_EVAL_HEAD = '''
+_EVAL_HEAD = """
 from pytest_evalreplay import EvalTask
 
 
@@ -67,18 +67,21 @@ def trivial(text, instance):
     {body}
     return 1.0
 
-'''
+"""
 
-_TASK = 'task{t} = EvalTask("task{t}", [{{"id": f"q{{i}}"}} for i in range({n})], prompt="Question {{id}}", scorer=trivial)\n'
+_TASK = (
+    'task{t} = EvalTask("task{t}", [{{"id": f"q{{i}}"}} for i in range({n})], '
+    'prompt="Question {{id}}", scorer=trivial)\n'
+)
 
-_BARE = '''
+_BARE = """
 import pytest
 
 
 @pytest.mark.parametrize("i", range({n}))
 def test_noop(i):
     {body}
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,9 @@ def run_pytest(project: Path, args: Sequence[str], expect: Sequence[int] = (0,))
     with tempfile.TemporaryFile() as log:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        proc = subprocess.Popen([*PYTEST, *args], cwd=project, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+        proc = subprocess.Popen(
+            [*PYTEST, *args], cwd=project, stdout=log, stderr=subprocess.STDOUT, env=child_env()
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
