@@ -1,5 +1,5 @@
 """The plugin's cost per item and its peak memory: an eval task of N items
-(instant provider, a scorer that returns 1.0) against bare pytest running N
+(instant provider, a scorer that returns 0 or 1) against bare pytest running N
 parametrized no-op tests (`-p no:evalreplay`), side by side, in child processes.
 
     python benchmarks/item_overhead.py            # 20,000 items (3 pairs) and 100,000 (1 pair)

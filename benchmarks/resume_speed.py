@@ -1,5 +1,5 @@
 """A fully resumed run against the fresh run it resumes: an eval task of N
-items (instant provider, a scorer that returns 1.0) run fresh, then again with
+items (instant provider, a scorer that returns 0 or 1) run fresh, then again with
 `--resume` over the same output dir, where every item is reused from the
 journal (deselected, rescored, the run dir rewritten), side by side.
 

@@ -641,6 +641,28 @@ class EvalSession:
                 return True
         return self.own_failure(run, key) is not None
 
+    def _rescore_unselected(self, run: TaskRun) -> None:
+        """Score, with the current scorer, the generations the journal holds for
+        items this session did not select (a narrowed run; rollouts a killed run
+        generated but never scored), so the run dir is what one clean run of the
+        current configuration writes. Under xdist each worker takes its share;
+        the last worker to finish writes the run dir with every share done."""
+        selected = set(run.selected)
+        index = run.recorder.index
+        share = self.worker
+        for n, key in enumerate(run.plan.keys):
+            if key in selected or (share is not None and n % share.count != share.index % share.count):
+                continue
+            rq = run.plan.request_of(key)
+            gen = index.latest_gen(key, rq, self.provider_digest)
+            fail = index.latest_fail(key, rq, self.provider_digest)
+            if gen is None or (fail is not None and fail.seq > gen.seq):
+                continue
+            saved = index.score_of(key, gen)
+            if self.settings.reuse_scores and saved is not None and saved.error is None:
+                continue
+            self._score(run, key, index.generation(gen), gen.run)
+
     def outcome(self, run: TaskRun) -> TaskOutcome:
         """The task's numbers from its journal (the caller has flushed; under the lock at the end)."""
         run.recorder.flush()
@@ -692,6 +714,8 @@ class EvalSession:
                     self.notes.append(f"{name}: {exc}")
                 run.elo.write_judge_files()
                 self.notes.extend(n for n in dict.fromkeys(run.elo.notes) if n not in self.notes)
+            if run.elo is None:
+                self._rescore_unselected(run)
             recorder.flush()
             with recorder.locked():
                 recorder.refresh()

@@ -584,3 +584,18 @@ def test_reuse_scores_keeps_saved_scores_of_an_expensive_scorer(pytester, projec
     assert scored.read_text().split() == ["alpha", "beta"]  # scored once, in the first run
     run(pytester, "--resume")
     assert project.metrics()["metrics"] == {"expensive": 1.0}
+
+
+def test_a_narrowed_run_after_a_scorer_edit_rescores_the_rest_with_the_current_scorer(pytester, project):
+    source = (
+        "from pytest_evalreplay import EvalTask\n"
+        "t = EvalTask('t', [{{'id': 'alpha'}}, {{'id': 'beta'}}], prompt='Q {{id}}',\n"
+        "             scorer=lambda text, i: {value})\n"
+    )
+    project(source.format(value="0.0"))
+    run(pytester).assert_outcomes(passed=2)
+    project(source.format(value="1.0"))
+    run(pytester, "-k", "alpha").assert_outcomes(passed=1, deselected=1)
+    assert project.asked() == [("alpha", 0), ("beta", 0), ("alpha", 0)]  # beta not generated again...
+    assert project.metrics()["metrics"] == {"score": 1.0}  # ...but scored by the current scorer
+    assert [p["scores"] for p in project.rows("t-predictions.jsonl")] == [{"score": 1.0}] * 2
