@@ -2,8 +2,8 @@
 of N items (instant provider) against bare pytest's `--collect-only -q` of N
 parametrized no-op tests (`-p no:evalreplay`), side by side, in child processes.
 
-    python benchmarks/collection.py            # 100,000 items, 3 pairs
-    python benchmarks/collection.py --quick    # 20,000 items, 2 pairs
+    python benchmarks/collection.py            # 100,000 items, 2 pairs
+    python benchmarks/collection.py --quick    # 20,000 items, 1 pair
 
 Goal: the plugin's collection within 1.25x of bare pytest's (CPU time of the
 pytest process, which the load of a shared machine disturbs less; wall time
@@ -38,12 +38,12 @@ GOAL = 1.25
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="20,000 items, 2 pairs")
+    parser.add_argument("--quick", action="store_true", help="20,000 items, 1 pair")
     parser.add_argument("--items", type=int, default=None)
     parser.add_argument("--runs", type=int, default=None)
     args = parser.parse_args(argv)
     items = args.items or (20_000 if args.quick else 100_000)
-    runs = args.runs or (2 if args.quick else 3)
+    runs = args.runs or (1 if args.quick else 2)
     started = time.perf_counter()
     plugin: list[Measure] = []
     bare: list[Measure] = []

@@ -2,8 +2,9 @@
 (instant provider, a scorer that returns 0 or 1) against bare pytest running N
 parametrized no-op tests (`-p no:evalreplay`), side by side, in child processes.
 
-    python benchmarks/item_overhead.py            # 20,000 items (3 pairs) and 100,000 (1 pair)
-    python benchmarks/item_overhead.py --quick    # 2,000 and 10,000 items, 2 pairs each
+    python benchmarks/item_overhead.py            # 20,000 and 100,000 items, 1 pair each
+    python benchmarks/item_overhead.py --quick    # 2,000 and 10,000 items, 1 pair each
+    python benchmarks/item_overhead.py --items 20000 --runs 3   # steadier medians
 
 Reported per size: the median CPU time (user + system of the pytest process),
 wall time and peak RSS (ru_maxrss) of each side and their ratios, and the
@@ -57,23 +58,21 @@ def compare(tmp: Path, items: int, runs: int) -> Compared:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2,000 and 10,000 items, 2 pairs each")
+    parser.add_argument("--quick", action="store_true", help="2,000 and 10,000 items")
     parser.add_argument("--items", type=lambda s: [int(x) for x in s.split(",")], default=None)
-    parser.add_argument("--runs", type=int, default=None, help="pairs per size below 50,000 items")
-    parser.add_argument("--large-runs", type=int, default=None, help="pairs per size of 50,000 or more")
+    parser.add_argument("--runs", type=int, default=1, help="pairs per size")
     args = parser.parse_args(argv)
     sizes = args.items or ([2_000, 10_000] if args.quick else [20_000, 100_000])
-    runs = args.runs or (2 if args.quick else 3)
-    large_runs = args.large_runs or (2 if args.quick else 1)
     started = time.perf_counter()
     missed = False
     with tempfile.TemporaryDirectory(prefix="evalreplay-bench-") as name:
         tmp = Path(name)
         warm_up(tmp)
         for items in sizes:
-            pairs = runs if items < 50_000 else large_runs
-            c = compare(tmp, items, pairs)
-            print(f"{items:,} items, median of {pairs} run(s) each: plugin vs bare pytest (-p no:evalreplay)")
+            c = compare(tmp, items, args.runs)
+            print(
+                f"{items:,} items, median of {args.runs} run(s) each: plugin vs bare pytest -p no:evalreplay"
+            )
             print(c.line("cpu", "CPU time", "s", "plugin", "bare"))
             print(c.line("wall", "wall time", "s", "plugin", "bare"))
             print(c.line("maxrss_mib", "peak RSS", "MiB", "plugin", "bare"))

@@ -3,13 +3,14 @@ items (instant provider, a scorer that returns 0 or 1) run fresh, then again wit
 `--resume` over the same output dir, where every item is reused from the
 journal (deselected, rescored, the run dir rewritten), side by side.
 
-    python benchmarks/resume_speed.py            # 20,000 items, 3 pairs
-    python benchmarks/resume_speed.py --quick    # 5,000 items, 2 pairs
+    python benchmarks/resume_speed.py            # 20,000 items, 2 pairs
+    python benchmarks/resume_speed.py --quick    # 5,000 items, 1 pair
 
 Each pair is a fresh run (which starts the journal afresh) followed by its
 resumed run. Goal: the resumed run in at most 0.5x the time of the fresh run
 (CPU time, which the load of a shared machine disturbs less; wall time shown
-too). Bare pytest on N parametrized no-op tests is run alongside for scale.
+too). With --bare, bare pytest on N parametrized no-op tests runs alongside
+for scale.
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ GOAL = 0.5
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="5,000 items, 2 pairs")
+    parser.add_argument("--quick", action="store_true", help="5,000 items, 1 pair")
     parser.add_argument("--items", type=int, default=None)
     parser.add_argument("--runs", type=int, default=None)
-    parser.add_argument("--no-bare", action="store_true", help="skip the bare pytest runs")
+    parser.add_argument("--bare", action="store_true", help="run bare pytest alongside, for scale")
     args = parser.parse_args(argv)
     items = args.items or (5_000 if args.quick else 20_000)
-    runs = args.runs or (2 if args.quick else 3)
+    runs = args.runs or (1 if args.quick else 2)
     started = time.perf_counter()
     fresh: list[Measure] = []
     resumed: list[Measure] = []
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         bare_dir = bare_project(tmp / "bare", items)
         out = tmp / "out"
         for n in range(runs):
-            if not args.no_bare and n % 2 == 1:
+            if args.bare and n % 2 == 1:
                 bare.append(run_pytest(bare_dir, BARE))
             m = run_pytest(project, eval_args(out))
             expect_in(m, f"{items:,} generated, 0 reused")
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             expect_in(m, f"0 generated, {items:,} reused")
             expect_in(m, f"{items} deselected")
             resumed.append(m)
-            if not args.no_bare and n % 2 == 0:
+            if args.bare and n % 2 == 0:
                 bare.append(run_pytest(bare_dir, BARE))
     c = Compared(resumed, fresh)
     print(f"{items:,} items, median of {runs} pair(s): --resume with every item reused vs the fresh run")

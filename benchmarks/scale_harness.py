@@ -65,7 +65,7 @@ from pytest_evalreplay import EvalTask
 
 def trivial(text, instance):
     {body}
-    return 1.0
+    return float(int(instance["id"][1:]) % 2)
 
 """
 
@@ -94,8 +94,9 @@ class Measure:
 
 def eval_project(root: Path, items: int, tasks: int = 1, busy_ms: float = 0.0) -> Path:
     """A project of `tasks` EvalTasks with `items` items in all (one rollout per
-    instance), the instant provider in its conftest; a scorer that returns 1.0,
-    after `busy_ms` ms of CPU when asked."""
+    instance), the instant provider in its conftest; a scorer that returns 0 or 1
+    (by instance, so the metric's interval is computed as in a real eval), after
+    `busy_ms` ms of CPU when asked."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "conftest.py").write_text(CONFTEST)
     source = (_BUSY.format(busy=busy_ms / 1000) if busy_ms else "") + _EVAL_HEAD.format(
