@@ -56,10 +56,12 @@ def main() -> None:
     wall_without = statistics.median(w for _, w in without)
     print(f"one-test project, median of {args.runs} runs each")
     print(
-        f"  CPU time : plugin {cpu_with:.3f} s, -p no:evalreplay {cpu_without:.3f} s -> {cpu_with / cpu_without:.3f}x"
+        f"  CPU time : plugin {cpu_with:.3f} s, -p no:evalreplay {cpu_without:.3f} s"
+        f" -> {cpu_with / cpu_without:.3f}x"
     )
     print(
-        f"  wall time: plugin {wall_with:.3f} s, -p no:evalreplay {wall_without:.3f} s -> {wall_with / wall_without:.3f}x"
+        f"  wall time: plugin {wall_with:.3f} s, -p no:evalreplay {wall_without:.3f} s"
+        f" -> {wall_with / wall_without:.3f}x"
     )
     print("  goal: <= 1.2x")
 

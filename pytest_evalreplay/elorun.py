@@ -379,7 +379,7 @@ class EloDriver:
 
     def _verdict_rows(self, key: RolloutKey, gen: GenRef, plan: StagePlan) -> list[dict[str, Any]]:
         """Judge one rollout against each reference of its plan: its score row."""
-        stage, tid, _ = key
+        _, tid, _ = key
         candidate = self._generation(gen).text
         judgments: dict[str, list[float]] = {}
         no_answer: list[str] = []
@@ -458,8 +458,9 @@ class EloDriver:
         if missing:
             raise EvalReplayError(
                 f"stage {stage} of {self.name!r} is not complete ({len(missing)} item"
-                f"{'s' if len(missing) != 1 else ''} without a result, e.g. {missing[0][1]}[s{stage}-r{missing[0][2]}]) "
-                f"and stage {stage + 1} needs its rating: run stage {stage} too (select s{stage}, or run without -k)"
+                f"{'s' if len(missing) != 1 else ''} without a result, "
+                f"e.g. {missing[0][1]}[s{stage}-r{missing[0][2]}]) and stage {stage + 1} needs its rating: "
+                f"run stage {stage} too (select s{stage}, or run without -k)"
             )
         self.mark_complete(stage)
 
@@ -582,7 +583,10 @@ class EloDriver:
         )
 
     def paired_drop(self, baseline: Mapping[str, Any]) -> Any:
-        """The rating's drop below a baseline's, paired over the tasks both judged (for Gate("elo", max_drop=...))."""
+        """The rating's drop below a baseline's, paired over the tasks both judged.
+
+        Gate("elo", max_drop=...) reads it.
+        """
         from pytest_evalreplay.elo import compare_ratings, table_from_json
         from pytest_evalreplay.gates import PairedDrop
 

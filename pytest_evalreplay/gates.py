@@ -137,7 +137,8 @@ class GateOutcome:
         if self.reasons:
             text += (
                 "\n  what changed: see the comparison below, or run again with "
-                "--evalreplay-compare=RUN_DIR (a run dir of the baseline's run) to list the instances that flipped"
+                "--evalreplay-compare=RUN_DIR (a run dir of the baseline's run) "
+                "to list the instances that flipped"
             )
         for note in self.notes:
             text += f"\n  note: {note}"

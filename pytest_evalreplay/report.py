@@ -197,7 +197,8 @@ class Summary:
         ]
         for _, (_, d, _) in sorted(self.docs.items()):
             lines.append(
-                f"| {d['task']} | {d.get('num_items', 0)} | {d.get('num_failed', 0)} | {d.get('num_missing', 0)} "
+                f"| {d['task']} | {d.get('num_items', 0)} | {d.get('num_failed', 0)} "
+                f"| {d.get('num_missing', 0)} "
                 f"| {d.get('session', {}).get('generated', 0)} | {d.get('session', {}).get('reused', 0)} "
                 f"| {_metric_text(d)} |"
             )

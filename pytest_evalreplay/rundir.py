@@ -12,6 +12,7 @@ contract's; `formats.native` reads it back.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import socket
@@ -273,8 +274,6 @@ class SessionLock:
     def release(self) -> None:
         lock, self._lock = self._lock, None
         if lock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self.holder_path.unlink(missing_ok=True)
-            except OSError:
-                pass
             lock.release()

@@ -515,7 +515,6 @@ class EvalSession:
     def _unresolved(self, run: TaskRun, chunk: Iterable[RequestKey]) -> dict[RequestKey, tuple[int, ...]]:
         """The rollouts of a chunk this run has neither generated nor failed for good."""
         out: dict[RequestKey, tuple[int, ...]] = {}
-        index = run.recorder.index
         for rk in chunk:
             missing = tuple(
                 r

@@ -304,7 +304,8 @@ class EvalTask:
         """Scores as a dict of floats; raises what the scorer raises."""
         if self.scorer is None:
             raise EvalReplayError(
-                f"task {self.name!r} has no scorer: give EvalTask(scorer=...) (only an EloEval's pool needs none)"
+                f"task {self.name!r} has no scorer: give EvalTask(scorer=...) "
+                "(only an EloEval's pool needs none)"
             )
         if isinstance(self.scorer, BUILTIN_TYPES):
             value: Any = self.scorer.score(text, self.target_of(instance))

@@ -165,7 +165,10 @@ CASES: dict[str, Case] = {
     "template field that is a method": Case(
         ret=C,
         fields={"prompt": '"Q {q.upper}"'},
-        message="task 't', instance 'a': the prompt template cannot be rendered: resolves to builtin_function_or_method 'upper'",
+        message=(
+            "task 't', instance 'a': the prompt template cannot be rendered: "
+            "resolves to builtin_function_or_method 'upper'"
+        ),
     ),
     "template with a positional field": Case(
         ret=C, fields={"prompt": '"Q {}"'}, message="the prompt template has a positional field"

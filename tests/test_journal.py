@@ -172,7 +172,7 @@ def test_rows_before_a_header_are_refused(tmp_path):
 
 def test_a_journal_path_that_is_a_directory_is_a_clear_error(tmp_path):
     journal.journal_path(tmp_path, "t").mkdir()
-    with pytest.raises(EvalReplayError, match="t-journal.jsonl: cannot read the journal"):
+    with pytest.raises(EvalReplayError, match=r"t-journal\.jsonl: cannot read the journal"):
         JournalIndex.read(tmp_path, "t")
 
 

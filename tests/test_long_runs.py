@@ -167,7 +167,7 @@ def pytest_evalreplay_make_provider(config, kind):
     assert progress, result.stdout.str()
     done = [int(x.split(": ")[2].split("/")[0]) for x in progress]
     assert min(done) < 10  # a line while the batch was still running
-    assert all("ETA" in x for x, d in zip(progress, done) if d < 10)
+    assert all("ETA" in x for x, d in zip(progress, done, strict=True) if d < 10)
     assert "tok/s" in progress[-1]
     quiet = pytester.runpytest("--evalreplay-output=out2", "-q")
     assert not [x for x in quiet.outlines if x.startswith("evalreplay: t: ")]

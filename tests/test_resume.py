@@ -136,10 +136,6 @@ def run(pytester: pytest.Pytester, *args: str, out: str = "run", **kwargs: bool)
     return pytester.runpytest(f"--evalreplay-output={out}", *args, **kwargs)
 
 
-def run(pytester: pytest.Pytester, *args: str, out: str = "run", **kwargs: bool) -> pytest.RunResult:
-    return pytester.runpytest(f"--evalreplay-output={out}", *args, **kwargs)
-
-
 def journal_rows(project, kind: str, out: str = "run") -> list[dict]:
     return [r for r in project.rows("t-journal.jsonl", out) if r["type"] == kind]
 
@@ -189,7 +185,8 @@ def test_a_changed_request_or_provider_regenerates_and_says_why(pytester, projec
     why = "provider changed" if case.startswith("provider") else "request changed"
     result.stdout.fnmatch_lines(
         [
-            f"t: 2 instances, {ITEMS} items, 0 failed | {ITEMS} generated, 0 reused, {ITEMS} regenerated ({why})*"
+            f"t: 2 instances, {ITEMS} items, 0 failed | {ITEMS} generated, 0 reused, "
+            f"{ITEMS} regenerated ({why})*"
         ]
     )
     assert len(project.asked()) == first + ITEMS
@@ -552,7 +549,7 @@ def test_journal_rows_of_items_the_task_does_not_have_are_ignored_naming_file_an
     project()
     run(pytester).assert_outcomes(passed=ITEMS)
     path = pytester.path / "run" / "t-journal.jsonl"
-    good = [r for r in project.rows("t-journal.jsonl") if r["type"] == "gen"][0]
+    good = next(r for r in project.rows("t-journal.jsonl") if r["type"] == "gen")
     bad = [{**good, "instance_id": "ghost"}, {**good, "rollout": 7}, {**good, "stage": -3}]
     with path.open("ab") as fh:
         fh.write(b"".join(orjson.dumps(r) + b"\n" for r in bad))

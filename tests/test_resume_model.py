@@ -198,7 +198,7 @@ class ResumeModel(RuleBasedStateMachine):
         got = {
             (r["instance_id"], k): g["text"]
             for r in rows
-            for k, g in zip(r.get("rollouts", range(SAMPLES)), r["generations"])
+            for k, g in zip(r.get("rollouts", range(SAMPLES)), r["generations"], strict=True)
         }
         want = {(iid, r): f"{self.prompt} {iid} -> r{r}" for iid, r in held}
         assert got == want
