@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +62,12 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace `path` with `data`: a fresh temporary file (created exclusively,
-    so a planted symlink is never followed) is written, fsynced and renamed
-    over `path`. A symlink at `path` is replaced, never written through."""
+def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
+    """Replace `path` with `data` (bytes, or chunks written as they come, so a
+    large file is never held whole): a fresh temporary file (created
+    exclusively, so a planted symlink is never followed) is written, fsynced
+    and renamed over `path`. A symlink at `path` is replaced, never written
+    through."""
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:80]}.", suffix=".tmp")
     except OSError as exc:
@@ -73,7 +75,10 @@ def atomic_write(path: Path, data: bytes) -> None:
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            if isinstance(data, bytes):
+                fh.write(data)
+            else:
+                fh.writelines(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -4,6 +4,7 @@ plus `<task>::gate` when the task has a gate. Items hold keys, not data."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -208,7 +209,7 @@ def record(item: pytest.Item, result: RolloutResult) -> None:
     )
     prefix = "verdict" if isinstance(getattr(item, "task", None), EloEval) else "score"
     for name, value in result.scores.items():
-        props.append((f"{prefix}.{name}", value))
+        props.append((sys.intern(f"{prefix}.{name}"), value))  # one name object for every item
     gen = result.generation
     if gen is not None:
         if gen.finish_reason is not None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +126,12 @@ class JournalIndex:
     stage_rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (lineno, row)
     torn: int | None = None  # line number of a torn last line, if any
     notes: list[str] = field(default_factory=list)
+    # One object per distinct key, digest, run id and score mapping: a large
+    # task repeats them on every row, and the index lives as long as the session.
+    _shared: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    def _one(self, value: Any) -> Any:
+        return self._shared.setdefault(value, value)
 
     @classmethod
     def read(cls, directory: Path, task: str, limit: int | None = None) -> JournalIndex:
@@ -221,16 +227,16 @@ class JournalIndex:
             )
         seq = self.rows
         if kind == "gen":
-            key = _key(row, where, "rollout")
+            key = self._one(_key(row, where, "rollout"))
             generation = row.get("generation")
             if not isinstance(generation, dict) or not isinstance(generation.get("text"), str):
                 raise EvalReplayError(f"{where}: a gen row needs a 'generation' object with a 'text'")
             ptok, ctok = generation.get("prompt_tokens"), generation.get("completion_tokens")
             self.gens.setdefault(key, []).append(
                 GenRef(
-                    request=_str_field(row, "request", where),
-                    provider=_str_field(row, "provider", where),
-                    run=_str_field(row, "run", where),
+                    request=self._one(_str_field(row, "request", where)),
+                    provider=self._one(_str_field(row, "provider", where)),
+                    run=self._one(_str_field(row, "run", where)),
                     offset=offset,
                     length=length,
                     lineno=self.lineno,
@@ -240,12 +246,13 @@ class JournalIndex:
                 )
             )
         elif kind == "score":
-            key = _key(row, where, "rollout")
+            key = self._one(_key(row, where, "rollout"))
             of = _str_field(row, "of", where)
             scores = row.get("scores")
             error = row.get("error")
             if scores is not None:
                 scores = _scores(scores, where)
+                scores = self._shared.setdefault(("scores", *scores.items()), scores)
             elif not isinstance(error, str):
                 raise EvalReplayError(f"{where}: a score row needs 'scores' or an 'error'")
             judgments = row.get("judgments")
@@ -254,16 +261,15 @@ class JournalIndex:
             no_answer = row.get("no_answer", [])
             if not isinstance(no_answer, list) or not all(isinstance(r, str) for r in no_answer):
                 raise EvalReplayError(f"{where}: 'no_answer' must list reference names; delete that line")
-            self.scores[(key, of)] = ScoreRef(
-                scores, error, _str_field(row, "run", where), self.lineno, judgments, tuple(no_answer)
-            )
+            run = self._one(_str_field(row, "run", where))
+            self.scores[(key, of)] = ScoreRef(scores, error, run, self.lineno, judgments, tuple(no_answer))
         elif kind == "fail":
             failure = Failure.from_row(row, where)
             ref = FailRef(
                 failure,
-                _str_field(row, "request", where),
-                _str_field(row, "provider", where),
-                _str_field(row, "run", where),
+                self._one(_str_field(row, "request", where)),
+                self._one(_str_field(row, "provider", where)),
+                self._one(_str_field(row, "run", where)),
                 self.lineno,
                 seq,
             )
@@ -273,7 +279,7 @@ class JournalIndex:
             rq = _str_field(row, "digest", where)
             if not isinstance(row.get("request"), dict):
                 raise EvalReplayError(f"{where}: a request row needs a 'request' object")
-            self.requests.setdefault(rq, (offset, length))
+            self.requests.setdefault(self._one(rq), (offset, length))
         elif kind == "provider":
             pv = _str_field(row, "digest", where)
             if not isinstance(row.get("provider"), dict):
@@ -312,18 +318,6 @@ class JournalIndex:
     def request(self, rq: str) -> dict[str, Any] | None:
         at = self.requests.get(rq)
         return None if at is None else self.read_row(*at)["request"]
-
-    def rows_in_order(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        """Every row, parsed again from disk, with its line number (for full passes)."""
-        try:
-            data = self.path.read_bytes()[: self.offset]
-        except OSError as exc:
-            raise os_error(self.path, exc, "read the journal") from None
-        for lineno, line in enumerate(data.split(b"\n"), 1):
-            if line.strip():
-                yield lineno, orjson.loads(line)
-
-    # -- questions the session asks -----------------------------------------
 
     def latest_gen(self, key: RolloutKey, request: str, provider: str) -> GenRef | None:
         """The newest generation of `key` that answered exactly this request with this provider."""

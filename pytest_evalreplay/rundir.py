@@ -16,7 +16,7 @@ import contextlib
 import datetime as _dt
 import os
 import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,8 +42,8 @@ def task_files(directory: Path, task: str) -> dict[str, Path]:
     }
 
 
-def _jsonl(rows: Iterable[Mapping[str, Any]]) -> bytes:
-    return b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows)
+def _jsonl(rows: Iterable[Mapping[str, Any]]) -> Iterator[bytes]:
+    return (orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows)
 
 
 def request_row(instance_id: str, stage: int, content: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
@@ -116,26 +116,30 @@ def write_task(
         if item.gen is not None and item.status != "missing":
             groups.setdefault((item.key[0], item.key[1]), []).append(item)
     keys = sorted(groups, key=lambda k: (order.get(k[1], len(order)), k[1], k[0]))
-    requests: list[dict[str, Any]] = []
-    predictions: list[dict[str, Any]] = []
-    contents: dict[str, dict[str, Any] | None] = {}
-    for stage, iid in keys:
-        items = sorted(groups[(stage, iid)], key=lambda i: i.key[2])
-        rq = items[0].gen.request  # type: ignore[union-attr]
-        if rq not in contents:
-            contents[rq] = index.request(rq)
-        content = contents[rq]
-        if content is not None:
-            requests.append(request_row(iid, stage, content, num_samples))
-        generations = [index.generation(i.gen) for i in items]  # type: ignore[arg-type]
-        if postprocess is not None:
-            generations = [postprocess(g) for g in generations]
-        rows = [g.to_row() for g in generations]
-        predictions.append(prediction_row(iid, stage, items, rows, num_samples, outcome.model))
+    for key in keys:
+        groups[key].sort(key=lambda i: i.key[2])
+
+    # Rows are streamed from the journal into the files, a line at a time, so
+    # a large task's texts are never all in memory at once.
+    def requests() -> Iterator[dict[str, Any]]:
+        for stage, iid in keys:
+            content = index.request(groups[(stage, iid)][0].gen.request)  # type: ignore[union-attr]
+            if content is not None:
+                yield request_row(iid, stage, content, num_samples)
+
+    def predictions() -> Iterator[dict[str, Any]]:
+        for stage, iid in keys:
+            items = groups[(stage, iid)]
+            generations = [index.generation(i.gen) for i in items]  # type: ignore[arg-type]
+            if postprocess is not None:
+                generations = [postprocess(g) for g in generations]
+            rows = [g.to_row() for g in generations]
+            yield prediction_row(iid, stage, items, rows, num_samples, outcome.model)
+
     files = task_files(directory, outcome.task)
     remove_stale_temporaries(directory, f".{outcome.task}-")
-    atomic_write(files["requests"], _jsonl(requests))
-    atomic_write(files["predictions"], _jsonl(predictions))
+    atomic_write(files["requests"], _jsonl(requests()))
+    atomic_write(files["predictions"], _jsonl(predictions()))
     if metrics:
         atomic_write(files["metrics"], orjson.dumps(outcome.to_doc(run), option=orjson.OPT_INDENT_2))
 

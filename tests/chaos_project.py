@@ -115,6 +115,7 @@ journal.append_durably = append
 _write = rundir.atomic_write
 
 def atomic_write(path, data):
+    data = data if isinstance(data, bytes) else b"".join(data)
     if not path.name.startswith(".") and event("write"):
         if KILL.get("tear"):
             path.with_name(f".{path.name}.torn.tmp").write_bytes(data[: len(data) // 2])

@@ -65,6 +65,7 @@ journal.append_durably = append
 _write, writes = rundir.atomic_write, 0
 
 def atomic_write(path, data):
+    data = data if isinstance(data, bytes) else b"".join(data)
     global writes
     writes += not path.name.startswith(".")  # run dir files only, not the session holder
     if writes and writes == env("KILL_AT_WRITE") and not path.name.startswith("."):
