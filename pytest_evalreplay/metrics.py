@@ -147,7 +147,13 @@ def instance_means(items: tuple[ItemOutcome, ...]) -> dict[str, dict[str, float]
         slot = sums.setdefault(item.key[1], {})
         for name, value in item.scores.items():
             slot.setdefault(name, []).append(value)
-    return {iid: {n: sum(v) / len(v) for n, v in m.items()} for iid, m in sums.items()}
+    # Equal means share one dict: a 0/1 metric over 100k instances needs two, not 100k.
+    shared: dict[tuple[tuple[str, float], ...], dict[str, float]] = {}
+    out: dict[str, dict[str, float]] = {}
+    for iid, m in sums.items():
+        means = {n: sum(v) / len(v) for n, v in m.items()}
+        out[iid] = shared.setdefault(tuple(means.items()), means)
+    return out
 
 
 def task_outcome(
