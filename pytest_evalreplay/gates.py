@@ -113,6 +113,8 @@ class GateOutcome:
     reasons: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     baseline_source: str = ""
+    dropped: bool = False  # failed on max_drop: which instances flipped is the question
+    compared: bool = False  # the session prints a comparison with the baseline's run
 
     @property
     def passed(self) -> bool:
@@ -134,11 +136,12 @@ class GateOutcome:
         text = f"{verdict} " + "; ".join(parts)
         for reason in self.reasons:
             text += f"\n  - {reason}"
-        if self.reasons:
+        if self.dropped and self.compared:
+            text += "\n  what changed: see the comparison below"
+        elif self.dropped:
             text += (
-                "\n  what changed: see the comparison below, or run again with "
-                "--evalreplay-compare=RUN_DIR (a run dir of the baseline's run) "
-                "to list the instances that flipped"
+                "\n  what changed: run again with --evalreplay-compare=RUN_DIR (a run dir of the "
+                "baseline's run) to list the instances that flipped"
             )
         for note in self.notes:
             text += f"\n  note: {note}"
@@ -156,11 +159,13 @@ def evaluate(
     baseline: BaselineTask | None,
     missing: int = 0,
     paired: PairedDrop | None = None,
+    compared: bool = False,
 ) -> GateOutcome:
     """Judge one task: `scores` are its per-instance values of the gated metric;
     `missing` counts items of the task with no result yet (not selected, never run)."""
     reasons: list[str] = []
     notes: list[str] = []
+    dropped = False
     if missing:
         notes.append(
             f"{missing} item{'s' if missing != 1 else ''} of the task have no result in the journal "
@@ -199,6 +204,7 @@ def evaluate(
             if paired.n == 0:
                 reasons.append("no instance was scored by both this run and the baseline")
             elif paired.drop > gate.max_drop and paired.p_value < gate.alpha:
+                dropped = True
                 reasons.append(
                     f"{gate.metric} dropped {paired.drop:.4f} below the baseline over {paired.n} paired "
                     f"instances (more than max_drop {gate.max_drop:g}, p={paired.p_value:.3g} < "
@@ -216,6 +222,8 @@ def evaluate(
         reasons=tuple(reasons),
         notes=tuple(notes),
         baseline_source=baseline.describe_source() if baseline is not None else "",
+        dropped=dropped,
+        compared=compared,
     )
 
 

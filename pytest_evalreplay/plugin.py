@@ -93,6 +93,7 @@ class EvalReplayPlugin:
         self._summary: Summary | None = None
         self._finished: list[pytest.Item] = []
         self._deselected_all = False
+        self._deselected = 0  # reused items deselected (the rest of the reused run, reported skipped)
 
     # -- lazily built parts ------------------------------------------------------
 
@@ -220,6 +221,7 @@ class EvalReplayPlugin:
         if deselect:
             gone = [i for i in items if isinstance(i, RolloutItem) and (i.task.name, i.key) in deselect]
             self._deselected_all = len(gone) == len(items)
+            self._deselected = len(gone)
             config.hook.pytest_deselected(items=gone)
             gone_ids = {id(i) for i in gone}
             items[:] = [i for i in items if id(i) not in gone_ids]
@@ -253,10 +255,13 @@ class EvalReplayPlugin:
         failed = sum(len(r.decisions.failed) for r in runs)
         parts = [plural(len(self.session.runs), "task"), f"{run:,} to run"]
         if reused:
-            serial = not hasattr(config, "workerinput")
-            deselectable = sum(len(r.decisions.reuse) for r in runs if r.elo is None)
-            kept = self.settings.report_reused or not serial or deselectable < reused
-            how = "reported skipped" if kept else "deselected"
+            gone = self._deselected
+            if gone >= reused:
+                how = "deselected"
+            elif gone == 0:
+                how = "reported skipped"
+            else:  # an EloEval's reused items beside a task's
+                how = f"{gone:,} deselected, {reused - gone:,} reported skipped"
             parts.append(f"{reused:,} reused from the journal ({how})")
         if failed:
             parts.append(f"{failed:,} failed for good before")

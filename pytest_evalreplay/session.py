@@ -693,6 +693,7 @@ class EvalSession:
             baseline=baseline,
             missing=outcome.num_missing,
             paired=paired,
+            compared=self.settings.compare is not None,
         )
 
     # -- the end -----------------------------------------------------------------

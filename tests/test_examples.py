@@ -42,6 +42,16 @@ def test_example_suite_runs_on_the_rule_based_model(pytester, examples):
         assert metrics(examples / "fresh", task) == metrics(EXAMPLES / "saved_run", task)
 
 
+def test_resuming_the_suite_says_which_reused_items_were_deselected_and_which_reported(pytester, examples):
+    pytester.runpytest("--evalreplay-output=fresh").assert_outcomes(passed=60)
+    result = pytester.runpytest("--evalreplay-output=fresh", "--resume")
+    # The tasks' reused items are deselected; the EloEval's run, reported skipped with their verdicts.
+    result.assert_outcomes(passed=2, skipped=24, deselected=34)
+    result.stdout.fnmatch_lines(
+        ["evalreplay: 3 tasks, 0 to run, 58 reused from the journal (34 deselected, 24 reported skipped)"]
+    )
+
+
 def test_replaying_the_saved_run_gives_the_same_metrics(pytester, examples):
     result = pytester.runpytest(
         "--evalreplay-predictions=saved_run", "--evalreplay-output=replayed", "-p", "no:cacheprovider"

@@ -46,6 +46,20 @@ def test_paired_drop_detects_a_real_regression():
     assert "dropped 0.2500 below the baseline over 60 paired instances" in outcome.reasons[0]
 
 
+def test_only_a_drop_below_the_baseline_points_to_the_comparison():
+    base = {f"i{n}": 1.0 for n in range(60)}
+    now = {f"i{n}": (0.0 if n < 15 else 1.0) for n in range(60)}
+    gate = Gate("acc", max_drop=0.05)
+    dropped = judge(gate, now, BaselineTask({"acc": 1.0}, base, "acc")).describe()
+    assert "what changed: run again with --evalreplay-compare=RUN_DIR" in dropped
+    compared = evaluate(
+        "t", gate, {"acc": 0.75}, now, 60, 0, 0.0, BaselineTask({"acc": 1.0}, base, "acc"), compared=True
+    )
+    assert compared.describe().endswith("what changed: see the comparison below")
+    below_min = judge(Gate("acc", min=0.9), now).describe()
+    assert below_min.startswith("FAIL") and "what changed" not in below_min
+
+
 def test_a_noisy_small_drop_is_not_significant():
     base = {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0}
     now = {"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0}  # drop 0.25 on four instances
