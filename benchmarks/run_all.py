@@ -8,7 +8,8 @@ Runs startup.py, item_overhead.py, resume_speed.py, collection.py and
 xdist_speedup.py (replay_load.py, elo_fit.py and vllm_overhead.py measure
 other things and run on their own). Goal: all of them together in under
 10 minutes on a 2-core machine, so by default each script runs the fewest
-rounds its sizes allow (startup 5 runs, one pair or round of the others);
+rounds its sizes allow (startup 5 runs, one pair or round of the others,
+xdist at 3,000 items);
 run a script alone with --runs N for steadier medians. Exits non-zero when
 any script reports a missed goal.
 """
@@ -30,6 +31,7 @@ SCRIPTS = {
     "collection.py": ["--runs", "1"],
     "xdist_speedup.py": ["--runs", "1"],
 }
+FULL_SIZES = {"xdist_speedup.py": ["--items", "3000"]}  # without --quick
 GOAL_S = 600.0
 
 
@@ -43,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, str(HERE / script), *rounds]
         if args.quick and script != "startup.py":
             cmd.append("--quick")
+        elif not args.quick:
+            cmd.extend(FULL_SIZES.get(script, []))
         print(f"== {' '.join(cmd[1:])}", flush=True)
         t0 = time.perf_counter()
         rc = subprocess.run(cmd, check=False).returncode
