@@ -332,6 +332,15 @@ class JournalIndex:
                 return ref
         return None
 
+    def standing(self, key: RolloutKey, request: str, provider: str) -> tuple[GenRef | None, FailRef | None]:
+        """The generation `key` stands on for this request and provider (None
+        when a later failure overrides it), and its newest failure."""
+        gen = self.latest_gen(key, request, provider)
+        fail = self.latest_fail(key, request, provider)
+        if gen is not None and fail is not None and fail.seq > gen.seq:
+            gen = None
+        return gen, fail
+
     def score_of(self, key: RolloutKey, gen: GenRef) -> ScoreRef | None:
         return self.scores.get((key, gen.run))
 

@@ -122,10 +122,8 @@ def item_name(key: RolloutKey) -> str:
 
 def item_outcome(plan: TaskPlan, index: JournalIndex, key: RolloutKey, max_attempts: int) -> ItemOutcome:
     """One item's standing: the newest of its valid generation and its final failure wins."""
-    rq = plan.request_of(key)
-    gen = index.latest_gen(key, rq, plan.provider)
-    fail = index.latest_fail(key, rq, plan.provider)
-    if gen is not None and (fail is None or fail.seq < gen.seq):
+    gen, fail = index.standing(key, plan.request_of(key), plan.provider)
+    if gen is not None:
         score = index.score_of(key, gen)
         if score is None:
             return ItemOutcome(key, "missing", gen=gen, error="generated but not scored yet")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_evalreplay import gates, planning
 from pytest_evalreplay.execution import Done, Failed, RoundEnd, generate_events, score_generation
-from pytest_evalreplay.journal import JournalIndex, RequestKey, RolloutKey, digest
+from pytest_evalreplay.journal import GenRef, JournalIndex, RequestKey, RolloutKey, ScoreRef, digest
 from pytest_evalreplay.metrics import TaskOutcome, item_name, task_outcome
 from pytest_evalreplay.model import EvalReplayError, Generation, Provider, Request, RolloutResult
 from pytest_evalreplay.options import Settings
@@ -458,22 +458,29 @@ class EvalSession:
             failure_class="scoring" if error else None,
         )
 
+    def _kept_scores(self, run: TaskRun, key: RolloutKey, gen: GenRef) -> ScoreRef | None:
+        """The saved scores of a generation, when --evalreplay-reuse-scores keeps
+        them rather than scoring it again."""
+        if not self.settings.reuse_scores:
+            return None
+        saved = run.recorder.index.score_of(key, gen)
+        return saved if saved is not None and saved.error is None and saved.scores is not None else None
+
     def _score_reused(self, run: TaskRun, key: RolloutKey) -> RolloutResult:
         gen = run.decisions.reuse[key]
         index = run.recorder.index
-        if self.settings.reuse_scores:
-            saved = index.score_of(key, gen)
-            if saved is not None and saved.error is None and saved.scores is not None:
-                run.resolved.add(key)
-                generation = run.task.postprocess(index.generation(gen))
-                return RolloutResult(
-                    task=run.name,
-                    stage=key[0],
-                    instance_id=key[1],
-                    rollout=key[2],
-                    generation=generation,
-                    scores=dict(saved.scores),
-                )
+        saved = self._kept_scores(run, key, gen)
+        if saved is not None and saved.scores is not None:
+            run.resolved.add(key)
+            generation = run.task.postprocess(index.generation(gen))
+            return RolloutResult(
+                task=run.name,
+                stage=key[0],
+                instance_id=key[1],
+                rollout=key[2],
+                generation=generation,
+                scores=dict(saved.scores),
+            )
         return self._score(run, key, index.generation(gen), gen.run)
 
     def _score_run(self, run: TaskRun, key: RolloutKey) -> RolloutResult:
@@ -652,15 +659,9 @@ class EvalSession:
         for n, key in enumerate(run.plan.keys):
             if key in selected or (share is not None and n % share.count != share.index % share.count):
                 continue
-            rq = run.plan.request_of(key)
-            gen = index.latest_gen(key, rq, self.provider_digest)
-            fail = index.latest_fail(key, rq, self.provider_digest)
-            if gen is None or (fail is not None and fail.seq > gen.seq):
-                continue
-            saved = index.score_of(key, gen)
-            if self.settings.reuse_scores and saved is not None and saved.error is None:
-                continue
-            self._score(run, key, index.generation(gen), gen.run)
+            gen, _ = index.standing(key, run.plan.request_of(key), self.provider_digest)
+            if gen is not None and self._kept_scores(run, key, gen) is None:
+                self._score(run, key, index.generation(gen), gen.run)
 
     def outcome(self, run: TaskRun) -> TaskOutcome:
         """The task's numbers from its journal (the caller has flushed; under the lock at the end)."""
@@ -703,6 +704,7 @@ class EvalSession:
         task lock, so the last process of a run to finish writes the fullest
         view), the manifest, and the baseline when asked."""
         entries: dict[str, gates.BaselineTask] = {}
+        source = self._source() if self.settings.update_baseline else None  # one git call, not one per task
         for name, run in self.runs.items():
             if not run.touched:
                 continue
@@ -742,7 +744,7 @@ class EvalSession:
                     outcome.metrics,
                     outcome.instance_scores,
                     outcome.extra.get("elo"),
-                    self._source(),
+                    source,
                 )
         if entries and self.settings.baseline is not None:
             from pytest_evalreplay import baseline
