@@ -13,15 +13,14 @@ drawn.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
+from subprocess_pytest import PYTEST, child_env
 
 CONFTEST = """
 import os, signal, threading, time, orjson
@@ -292,22 +291,8 @@ class Project:
 
     def run(self, *args: str, kill: dict[str, Any] | None = None, workers: int = 0) -> Run:
         log = self.path / f"log-{len(self.runs)}.jsonl"
-        # Not the outer session's: its xdist worker id, options, or GitHub's step summary.
-        drop = ("CHAOS_", "PYTEST_ADDOPTS", "PYTEST_XDIST_", "GITHUB_STEP_SUMMARY")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-        env.update(
-            CHAOS_LOG=str(log), CHAOS_KILL=orjson.dumps(kill).decode(), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"
-        )
-        cmd = [
-            sys.executable,
-            "-B",
-            "-m",
-            "pytest",
-            "-p",
-            "pytest_evalreplay.plugin",
-            "-p",
-            "no:cacheprovider",
-        ]
+        env = child_env(("CHAOS_",), CHAOS_LOG=str(log), CHAOS_KILL=orjson.dumps(kill).decode())
+        cmd = list(PYTEST)
         if workers:
             cmd += ["-p", "xdist", "-n", str(workers)]
         cmd += [f"--evalreplay-provider={self.provider}", f"--evalreplay-output={self.out}"]

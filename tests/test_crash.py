@@ -11,13 +11,12 @@ Nth atomic run dir write (after it, or leaving half a temp file).
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
+from subprocess_pytest import PYTEST, child_env
 
 CONFTEST = """
 import os, signal, orjson
@@ -113,10 +112,8 @@ class Project:
         self.out = path / "out"
 
     def run(self, *args: str, **kill: str) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KILL_", "TEAR", "PYTEST_ADDOPTS"))}
-        env.update(kill, CALL_LOG=str(self.log), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-        cmd = [sys.executable, "-m", "pytest", "-p", "pytest_evalreplay.plugin", "-p", "no:cacheprovider"]
-        cmd += ["--evalreplay-provider=counting", f"--evalreplay-output={self.out}"]
+        env = child_env(("KILL_", "TEAR"), **kill, CALL_LOG=str(self.log))
+        cmd = [*PYTEST, "--evalreplay-provider=counting", f"--evalreplay-output={self.out}"]
         cmd += ["--evalreplay-batch-size=2", "-q", "-rs", *args]
         return subprocess.run(cmd, cwd=self.path, env=env, capture_output=True, text=True, timeout=120)
 

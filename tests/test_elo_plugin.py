@@ -5,13 +5,12 @@ rollout), stage plans in the journal, --resume after a SIGKILL mid-stage,
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
+from subprocess_pytest import PYTEST, child_env
 
 POOL = [{"id": f"t{n:03d}", "q": f"question {n}", "gold": f"gold {n}"} for n in range(12)]
 PROMPT = "Q: {q}"
@@ -155,21 +154,11 @@ class Project:
         (self.path / "test_elo.py").write_text(EVALS.format(**values))
 
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith(("KILL_", "PYTEST_ADDOPTS"))}
-        environ.update(env, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+        environ = child_env(("KILL_",), **env)
         environ.setdefault("CALL_LOG", str(self.path / "calls.jsonl"))
         environ.setdefault("JUDGE_LOG", str(self.path / "judge.jsonl"))
         environ.setdefault("JUDGE_MODEL_LOG", str(self.path / "judge-model.jsonl"))
-        cmd = [
-            sys.executable,
-            "-B",
-            "-m",
-            "pytest",
-            "-p",
-            "pytest_evalreplay.plugin",
-            "-p",
-            "no:cacheprovider",
-        ]
+        cmd = list(PYTEST)
         if "-n" in args:
             cmd += ["-p", "xdist"]
         if not any(a.startswith("--evalreplay-predictions") for a in args):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from subprocess_pytest import PYTEST, child_env
 
 HERE = Path(__file__).parent
 N = 40
@@ -80,14 +81,11 @@ def stubs(tmp_path):
 
 
 def pytest_cmd(project: Path, *args: str) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "-p", "pytest_evalreplay.plugin", "-p", "no:cacheprovider", "-q"]
-    return [*cmd, "--evalreplay-output=out", *args]
+    return [*PYTEST, "-q", "--evalreplay-output=out", *args]
 
 
 def env() -> dict[str, str]:
-    out = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_ADDOPTS")}
-    out["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    return out
+    return child_env()
 
 
 def journaled(project: Path, task: str = "t") -> list[tuple[str, int]]:

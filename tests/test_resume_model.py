@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -19,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from subprocess_pytest import PYTEST, child_env
 
 INSTANCES = ["inst0", "inst1", "inst2"]
 SAMPLES = 2
@@ -106,19 +106,8 @@ class ResumeModel(RuleBasedStateMachine):
         return f"P{self.prompt_version}"
 
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith(("KILL_", "PYTEST_ADDOPTS"))}
-        environ.update(env, CALL_LOG=str(self.log), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-        cmd = [
-            sys.executable,
-            "-B",
-            "-m",
-            "pytest",
-            "-p",
-            "pytest_evalreplay.plugin",
-            "-p",
-            "no:cacheprovider",
-        ]
-        cmd += ["--evalreplay-provider=echo", "--evalreplay-output=out", "-q", *args]
+        environ = child_env(("KILL_",), **env, CALL_LOG=str(self.log))
+        cmd = [*PYTEST, "--evalreplay-provider=echo", "--evalreplay-output=out", "-q", *args]
         return subprocess.run(cmd, cwd=self.dir, env=environ, capture_output=True, text=True, timeout=120)
 
     def asked(self) -> list[tuple[str, int, str]]:
