@@ -38,6 +38,15 @@ def engine_args() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
+def vllm_options(tiny_llama: Path, engine_args: dict[str, Any]) -> list[str]:
+    """The command-line options that run the plugin's vllm provider on the tiny model."""
+    import orjson
+
+    engine = [f"--evalreplay-engine-arg={k}={orjson.dumps(v).decode()}" for k, v in engine_args.items()]
+    return ["--evalreplay-provider=vllm", f"--evalreplay-model={tiny_llama}", *engine]
+
+
+@pytest.fixture(scope="session")
 def vllm_provider(tiny_llama: Path, engine_args: dict[str, Any]) -> Iterator[Any]:
     """One real vLLM engine for the whole session (start-up is ~20-50 s on CPU)."""
     from pytest_evalreplay.providers.vllm import VllmProvider

@@ -5,8 +5,6 @@ judge replies are mostly unreadable, which is the tie path, recorded as such."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 import pytest
 
@@ -51,16 +49,13 @@ def write_reference(path, name: str) -> None:
 
 
 def test_an_llm_judge_on_the_real_engine_replays_without_it(
-    pytester: pytest.Pytester, tiny_llama: Any, engine_args: dict[str, Any]
+    pytester: pytest.Pytester, vllm_options: list[str]
 ) -> None:
     for name in ("low", "high"):
         write_reference(pytester.path / "refs", name)
     pytester.makepyfile(test_duel=EVALS)
-    engine = [f"--evalreplay-engine-arg={k}={orjson.dumps(v).decode()}" for k, v in engine_args.items()]
     generated = pytester.runpytest_subprocess(
-        "--evalreplay-provider=vllm",
-        f"--evalreplay-model={tiny_llama}",
-        *engine,
+        *vllm_options,
         "--evalreplay-output=run1",
         "-p",
         "no:cacheprovider",

@@ -313,9 +313,7 @@ def pytest_evalreplay_make_provider(config, kind):
     assert [x for x in result.outlines if x.startswith("evalreplay: [gw")], result.stdout.str()
 
 
-def test_vllm_killed_mid_batch_resumes_generating_only_what_was_not_journaled(
-    tmp_path, tiny_llama, engine_args
-):
+def test_vllm_killed_mid_batch_resumes_generating_only_what_was_not_journaled(tmp_path, vllm_options):
     (tmp_path / "conftest.py").write_text(
         "import os, signal\n"
         "from pytest_evalreplay import journal, recorder\n"
@@ -335,8 +333,7 @@ def test_vllm_killed_mid_batch_resumes_generating_only_what_was_not_journaled(
         "             scorer=lambda text, i: 1.0,\n"
         "             sampling={'temperature': 0.0, 'max_tokens': 24, 'ignore_eos': True})\n"
     )
-    engine = [f"--evalreplay-engine-arg={k}={orjson.dumps(v).decode()}" for k, v in engine_args.items()]
-    args = ["--evalreplay-provider=vllm", f"--evalreplay-model={tiny_llama}", *engine]
+    args = list(vllm_options)
     # Its own process group: SIGKILL of pytest orphans vLLM's engine processes; the group kill ends them.
     proc = subprocess.Popen(
         pytest_cmd(tmp_path, *args),

@@ -475,18 +475,15 @@ chat = EvalTask(
 
 
 def test_generate_with_vllm_then_replay_without_it(
-    pytester: pytest.Pytester, tiny_llama: Any, engine_args: dict[str, Any]
+    pytester: pytest.Pytester, vllm_options: list[str]
 ) -> None:
     """Real generation through the plugin writes a run dir that the replay
     provider serves back with identical texts and metrics, no engine needed."""
     import orjson
 
     pytester.makepyfile(test_evals=ROUND_TRIP_EVALS)
-    engine = [f"--evalreplay-engine-arg={k}={orjson.dumps(v).decode()}" for k, v in engine_args.items()]
     generated = pytester.runpytest_subprocess(
-        "--evalreplay-provider=vllm",
-        f"--evalreplay-model={tiny_llama}",
-        *engine,
+        *vllm_options,
         "--evalreplay-output=run1",
         "-p",
         "no:cacheprovider",
