@@ -5,51 +5,27 @@ line wins. Ini values are typed by pytest (`bool`, `int`, `float`, `paths`:
 a path relative to the ini file's directory, as pytest resolves its own);
 command-line paths are relative to where pytest was started. Every value is
 checked here, once, so a bad one is a usage error naming the option and its
-ini key. `Settings` is plain frozen data: the rest of the package never
-touches `pytest.Config`.
+ini key. `Settings` (settings.py) is plain frozen data: the rest of the
+package never touches `pytest.Config`.
 """
 
 from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-DEFAULT_CONCURRENCY = 32
-DEFAULT_MAX_ATTEMPTS = 3
-DEFAULT_PROGRESS_INTERVAL = 15.0
-
-
-@dataclass(frozen=True)
-class Settings:
-    provider: str | None = None
-    predictions: Path | None = None
-    model: str | None = None
-    base_urls: tuple[str, ...] = ()
-    engine_args: dict[str, Any] = field(default_factory=dict)
-    concurrency: int = DEFAULT_CONCURRENCY
-    output: Path | None = None
-    report: Path | None = None
-    compare: Path | None = None
-    resume: bool = False
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    batch_size: int | None = None
-    failure_budget: float = 0.0
-    baseline: Path | None = None
-    update_baseline: bool = False
-    quiet: bool = False
-    timeout: float | None = None
-    reset: bool = False
-    resume_stage: int | None = None  # 0: the first incomplete stage
-    report_reused: bool = False
-    reuse_scores: bool = False
-    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
-    in_play: bool = False  # any evalreplay option or ini key is set
+from pytest_evalreplay.settings import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PROGRESS_INTERVAL,
+    Settings,
+)
 
 
 @dataclass(frozen=True)

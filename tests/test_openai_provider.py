@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 from llm_fixtures import make_request
 
 from pytest_evalreplay.model import EvalReplayError, Generation, GenerationError, Request
-from pytest_evalreplay.options import Settings
 from pytest_evalreplay.providers import openai as openai_mod
 from pytest_evalreplay.providers.openai import Balancer, OpenAIProvider
+from pytest_evalreplay.settings import Settings
 
 req = make_request
 T = TypeVar("T")

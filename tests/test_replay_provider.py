@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_evalreplay import EvalReplayError, EvalTask, Generation, GenerationError, Request
-from pytest_evalreplay.options import Settings
 from pytest_evalreplay.providers import make_builtin
 from pytest_evalreplay.providers.replay import ReplayProvider, from_settings
+from pytest_evalreplay.settings import Settings
 
 
 def jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:

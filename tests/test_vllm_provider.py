@@ -18,8 +18,8 @@ import pytest
 from llm_fixtures import MAX_MODEL_LEN, make_request
 
 from pytest_evalreplay.model import EvalReplayError, Generation, GenerationError, Request
-from pytest_evalreplay.options import Settings
 from pytest_evalreplay.providers import vllm as vllm_mod
+from pytest_evalreplay.settings import Settings
 
 MAX_TOKENS = 8
 

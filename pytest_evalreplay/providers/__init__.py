@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_evalreplay.model import EvalReplayError, Provider
-from pytest_evalreplay.options import Settings
+from pytest_evalreplay.settings import Settings
 
 # kind -> "module:factory"; the module is imported only when the kind is chosen.
 BUILTIN_KINDS: dict[str, str] = {

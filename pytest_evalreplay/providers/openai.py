@@ -54,7 +54,6 @@ from pytest_evalreplay.model import (
     GenerationError,
     Request,
 )
-from pytest_evalreplay.options import DEFAULT_CONCURRENCY, Settings
 from pytest_evalreplay.providers.engine_requests import (
     GREEDY_EPS,
     Draw,
@@ -64,6 +63,7 @@ from pytest_evalreplay.providers.engine_requests import (
     text_prompt,
     unsupported,
 )
+from pytest_evalreplay.settings import DEFAULT_CONCURRENCY, Settings
 
 API_KEY_ENV = ("EVALREPLAY_API_KEY", "OPENAI_API_KEY")
 

@@ -24,7 +24,7 @@ from pytest_evalreplay.model import (
     PromptKey,
     Request,
 )
-from pytest_evalreplay.options import Settings
+from pytest_evalreplay.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ from pytest_evalreplay.model import (
     GenerationError,
     Request,
 )
-from pytest_evalreplay.options import Settings
 from pytest_evalreplay.providers.engine_requests import (
     GREEDY_EPS,
     Draw,
@@ -42,6 +41,7 @@ from pytest_evalreplay.providers.engine_requests import (
     text_prompt,
     unsupported,
 )
+from pytest_evalreplay.settings import Settings
 
 MISSING_VLLM = "the vllm provider needs vLLM: pip install 'pytest-evalreplay[vllm]'"
 
