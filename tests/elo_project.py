@@ -1,0 +1,193 @@
+"""The ELO test project: a pool, three references of known rating, a
+candidate and a judge model from a conftest, run as real `python -m pytest`
+processes (kills and interrupts need them). Shared by the ELO plugin tests."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import orjson
+from subprocess_pytest import PYTEST, child_env
+
+POOL = [{"id": f"t{n:03d}", "q": f"question {n}", "gold": f"gold {n}"} for n in range(12)]
+PROMPT = "Q: {q}"
+REFERENCES = {"weak": (900, 0.2), "mid": (1100, 0.5), "strong": (1300, 0.8)}
+
+CONFTEST = """
+import os, signal, orjson
+from pytest_evalreplay import Generation
+
+def log(name, row):
+    with open(os.environ[name], "ab") as fh:
+        fh.write(orjson.dumps(row) + b"\\n")
+
+class Candidate:
+    kind, batch_size = "cand", None
+
+    def __init__(self, model):
+        self.model = model
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            log("CALL_LOG", [r.instance_id, r.stage, list(r.rollouts)])
+            if len(open(os.environ["CALL_LOG"]).readlines()) == int(os.environ.get("INTERRUPT_AT_CALL", "0")):
+                raise KeyboardInterrupt
+            n = int(r.instance_id[1:])
+            right = (n % 3 != 0) if self.model == "good" else False
+            out.append([Generation(text=("gold " if right else "wrong ") + str(n)) for _ in r.rollouts])
+        return out
+
+class JudgeModel:
+    kind, model, batch_size = "judgemodel", "judge-1", None
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            log("JUDGE_MODEL_LOG", r.instance_id)
+            if os.environ.get("JUDGE_REPLY"):
+                out.append([Generation(text=os.environ["JUDGE_REPLY"])])
+                continue
+            a = r.context.split("[Answer A]")[1].split("[Answer B]")[0]
+            b = r.context.split("[Answer B]")[1].split("Which answer")[0]
+            va, vb = "gold" in a, "gold" in b
+            out.append([Generation(text="[[TIE]]" if va == vb else ("[[A]]" if va else "[[B]]"))])
+        return out
+
+def pytest_evalreplay_make_provider(config, kind):
+    if kind == "cand":
+        return Candidate(config.getoption("evalreplay_model") or "good")
+    if kind == "judgemodel":
+        return JudgeModel()
+    return None
+"""
+
+EVALS = """
+import os, signal, orjson
+from pytest_evalreplay import EloEval, EvalTask, Gate, Reference, Stage, judges
+
+pool = EvalTask("pool", {pool!r}, prompt={prompt!r})
+calls = 0
+
+def judge(instance, candidate, reference):
+    global calls
+    calls += 1
+    with open(os.environ["JUDGE_LOG"], "ab") as fh:
+        fh.write(orjson.dumps([instance["id"], candidate, reference]) + b"\\n")
+    if calls == int(os.environ.get("KILL_AT_JUDGE", "0")):
+        os.kill(os.getpid(), signal.SIGKILL)
+    value = {bad_value}
+    if value is not None and instance["id"] == "t001":
+        return value
+    mine, theirs = "gold" in candidate, "gold" in reference
+    if {judge_helper}:
+        import judgehelp
+
+        return judgehelp.verdict(mine, theirs)
+    return 0.5 if mine == theirs else float(mine)
+
+memo = EloEval(
+    "memo",
+    pool=pool,
+    references={references},
+    stages={stages},
+    judge={judge},
+    seed={seed},
+    gate={gate},
+)
+"""
+
+
+def write_reference(directory: Path, name: str, accuracy: float) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    req, pred = [], []
+    for n, inst in enumerate(POOL):
+        if name == "empty":
+            continue
+        req.append(
+            {
+                "instance_id": inst["id"],
+                "request_type": "generate",
+                "context": PROMPT.format(**inst),
+                "system_prompt": None,
+                "num_samples": 1,
+                "sampling": {},
+            }
+        )
+        right = (n * 7 % 10) / 10 < accuracy
+        pred.append(
+            {
+                "instance_id": inst["id"],
+                "model": name,
+                "generations": [{"text": ("gold " if right else "nope ") + str(n)}],
+            }
+        )
+    (directory / f"{name}-requests.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in req))
+    (directory / f"{name}-predictions.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in pred))
+    return directory / f"{name}-predictions.jsonl"
+
+
+class Project:
+    def __init__(self, path: Path, **fields: str) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "conftest.py").write_text(CONFTEST)
+        for name, (_, accuracy) in REFERENCES.items():
+            write_reference(path / "refs", name, accuracy)
+        self.out = path / "out"
+        self.write(**fields)
+
+    def write(self, **fields: str) -> None:
+        refs = (
+            "{"
+            + ", ".join(
+                f"{name!r}: Reference({elo}, 'refs/{name}-predictions.jsonl')"
+                for name, (elo, _) in REFERENCES.items()
+            )
+            + "}"
+        )
+        values = {
+            "pool": POOL,
+            "prompt": PROMPT,
+            "references": refs,
+            "stages": "[Stage(tasks=4), Stage(tasks=4, references=2), Stage(tasks=4, references=1)]",
+            "judge": "judge",
+            "seed": "None",
+            "gate": "None",
+            "bad_value": "None",
+            "judge_helper": "False",
+            **fields,
+        }
+        (self.path / "test_elo.py").write_text(EVALS.format(**values))
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        environ = child_env(("KILL_", "INTERRUPT_", "JUDGE_REPLY"), **env)
+        environ.setdefault("CALL_LOG", str(self.path / "calls.jsonl"))
+        environ.setdefault("JUDGE_LOG", str(self.path / "judge.jsonl"))
+        environ.setdefault("JUDGE_MODEL_LOG", str(self.path / "judge-model.jsonl"))
+        cmd = list(PYTEST)
+        if "-n" in args:
+            cmd += ["-p", "xdist"]
+        if not any(a.startswith("--evalreplay-predictions") for a in args):
+            cmd.append("--evalreplay-provider=cand")
+        cmd += [f"--evalreplay-output={self.out}", "-q", "-rs", *args]
+        return subprocess.run(cmd, cwd=self.path, env=environ, capture_output=True, text=True, timeout=300)
+
+    def log(self, name: str) -> list:
+        path = self.path / name
+        return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+
+    def metrics(self) -> dict:
+        return orjson.loads((self.out / "memo-metrics.json").read_bytes())
+
+    def elo(self) -> dict:
+        return self.metrics()["elo"]
+
+    def stage_records(self) -> list[dict]:
+        rows = [orjson.loads(x) for x in (self.out / "memo-journal.jsonl").read_bytes().splitlines() if x]
+        return [r for r in rows if r.get("type") == "stage"]
+
+
+def same_metrics(a: dict, b: dict) -> bool:
+    return {k: v for k, v in a.items() if k != "session"} == {k: v for k, v in b.items() if k != "session"}
