@@ -11,26 +11,37 @@ from __future__ import annotations
 import math
 import queue
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pytest_evalreplay.model import (
     Failure,
     GenerateResult,
     Generation,
     GenerationError,
+    Instance,
     Provider,
     Request,
+    RequestKey,
     RolloutResult,
 )
 
-if TYPE_CHECKING:
-    from pytest_evalreplay.task import EvalTask, Instance
-
 RETRYABLE_EXCEPTIONS: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError)
-RequestKey = tuple[int, str]  # (stage, instance_id)
+
+
+class ScoredTask(Protocol):
+    """What running and scoring needs of a task (`EvalTask` is one): named
+    here, not imported, so the task can call this module without a circle."""
+
+    @property
+    def name(self) -> str: ...
+
+    def instance(self, instance_id: str) -> Instance: ...
+
+    def postprocess(self, generation: Generation) -> Generation: ...
+
+    def score(self, text: str, instance: Instance) -> dict[str, float]: ...
 
 
 def request_key(request: Request) -> RequestKey:
@@ -243,7 +254,7 @@ def generate_events(
 
 
 def score_generation(
-    task: EvalTask, instance: Instance, generation: Generation
+    task: ScoredTask, instance: Instance, generation: Generation
 ) -> tuple[dict[str, float] | None, str | None]:
     """The task's scores of one (post-processed) generation, or the error:
     a scorer that raises, or returns anything but finite numbers, fails
@@ -259,7 +270,7 @@ def score_generation(
 
 
 def run_requests(
-    task: EvalTask,
+    task: ScoredTask,
     provider: Provider,
     requests: Sequence[Request],
     max_attempts: int = 3,
@@ -302,7 +313,3 @@ def run_requests(
     order = {request_key(r): n for n, r in enumerate(requests)}
     results.sort(key=lambda r: (order[(r.stage, r.instance_id)], r.rollout))
     return results
-
-
-def elapsed_since(start: float) -> float:
-    return time.perf_counter() - start

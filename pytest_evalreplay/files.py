@@ -139,18 +139,15 @@ def read_bytes(path: Path) -> bytes:
         raise os_error(path, exc, "read") from None
 
 
-def jsonl_lines(path: Path, data: bytes, torn_ok: bool = False) -> Iterator[tuple[int, bytes, Any]]:
+def jsonl_lines(path: Path, data: bytes) -> Iterator[tuple[int, bytes, Any]]:
     """Each non-blank line of JSONL `data` read from `path`: its number, bytes and value.
 
-    A line that is not JSON is an error naming file:line, except, when
-    `torn_ok`, a malformed last line with no newline after it: a write the
-    process died in the middle of, which is skipped (the caller can tell by
-    `torn_tail`). A UTF-8 byte order mark on the first line is ignored.
+    A line that is not JSON is an error naming file:line (the journal, which
+    must survive a torn last line, has its own reader). A UTF-8 byte order
+    mark on the first line is ignored.
     """
     loads = orjson.loads
-    lines = data.split(b"\n")
-    last = len(lines)
-    for lineno, line in enumerate(lines, 1):
+    for lineno, line in enumerate(data.split(b"\n"), 1):
         if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
             line = line[3:]
         if not line.strip():
@@ -158,23 +155,7 @@ def jsonl_lines(path: Path, data: bytes, torn_ok: bool = False) -> Iterator[tupl
         try:
             row = loads(line)
         except orjson.JSONDecodeError as exc:
-            if torn_ok and lineno == last:
-                return
             raise EvalReplayError(
                 f"{path}:{lineno}: not valid JSON ({exc}); fix or delete that line"
             ) from None
         yield lineno, line, row
-
-
-def torn_tail(data: bytes) -> bool:
-    """Whether `data` ends in a line cut short (no newline) that is not valid JSON."""
-    if not data or data.endswith(b"\n"):
-        return False
-    tail = data[data.rfind(b"\n") + 1 :]
-    if not tail.strip():
-        return False
-    try:
-        orjson.loads(tail)
-    except orjson.JSONDecodeError:
-        return True
-    return False

@@ -7,6 +7,8 @@ this module.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -17,6 +19,12 @@ RequestType = Literal["generate", "loglikelihood"]
 Message = dict[str, Any]
 Context = str | list[Message]
 PromptKey = tuple[str | bytes, str | None]
+Instance = dict[str, Any]
+# A task's name becomes part of file names in the run dir (and of node ids).
+TASK_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+RequestKey = tuple[int, str]  # (stage, instance_id)
+
+_SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 
 
 class EvalReplayError(Exception):
@@ -24,6 +32,38 @@ class EvalReplayError(Exception):
 
     The message always says which file (and line) and what to do about it.
     """
+
+
+def type_name(value: Any) -> str:
+    """A value's kind for an error message, in the words of a JSON file
+    ("a number", "an object") rather than of Python, since that is what the
+    user wrote; anything JSON cannot hold is named by its Python type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """A value for a message: its repr, cut short (a saved field can be huge)."""
+    text = repr(value[: limit + 1] if isinstance(value, (str, bytes)) else value)
+    if len(text) > limit:
+        return text[: limit - 3] + "..."
+    return text
+
+
+def digest(value: Any) -> str:
+    """A content digest: blake2b-128 over canonical (sorted-key) orjson bytes."""
+    return hashlib.blake2b(orjson.dumps(value, option=_SORTED), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -209,6 +249,27 @@ def prompt_key(context: Context, system_prompt: str | None) -> PromptKey:
     if isinstance(context, str):
         return (context, system_prompt)
     return (orjson.dumps(context, option=orjson.OPT_SORT_KEYS), system_prompt)
+
+
+def request_content(request: Request) -> dict[str, Any]:
+    """What a generation answers: the part of a request that reaches the model."""
+    content: dict[str, Any] = {
+        "request_type": request.request_type,
+        "context": request.context,
+        "system_prompt": request.system_prompt,
+        "sampling": dict(request.sampling),
+    }
+    if request.images:
+        content["images"] = list(request.images)
+    if request.tools:
+        content["tools"] = list(request.tools)
+    return content
+
+
+def request_digest(request: Request) -> str:
+    """The digest reuse compares: a saved generation answers a request when
+    the digests of their `request_content` match."""
+    return digest(request_content(request))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import re
 import string
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -14,22 +13,23 @@ from typing import Any
 
 import orjson
 
+from pytest_evalreplay.execution import run_requests
 from pytest_evalreplay.formats.instances import load_instances
 from pytest_evalreplay.gates import Gate
 from pytest_evalreplay.model import (
+    TASK_NAME,
     Context,
     EvalReplayError,
     EvalResult,
     Generation,
+    Instance,
     Provider,
     Request,
     aggregate,
+    request_digest,
 )
 from pytest_evalreplay.scorers import BUILTIN_TYPES, BUILTINS, BuiltinScorer, strip_reasoning
 
-TASK_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-
-Instance = dict[str, Any]
 Scorer = Callable[[str, Instance], "float | bool | Mapping[str, float]"]
 
 
@@ -249,8 +249,6 @@ class EvalTask:
         Rendered once per session at collection, so a template typo is one
         collection error naming the task, the instance and the field."""
         if self._digests is None:
-            from pytest_evalreplay.planning import request_digest
-
             self._digests = {(1, inst["id"]): request_digest(self.request(inst)) for inst in self.instances}
         return self._digests
 
@@ -319,8 +317,6 @@ class EvalTask:
 
     def evaluate(self, provider: Provider, max_attempts: int = 3) -> EvalResult:
         """Generate and score every instance with `provider`, outside pytest."""
-        from pytest_evalreplay.execution import run_requests
-
         requests = [self.request(inst) for inst in self.instances]
         results = run_requests(self, provider, requests, max_attempts=max_attempts)
         metrics, scores = aggregate(results)

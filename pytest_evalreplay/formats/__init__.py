@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from pytest_evalreplay.files import os_error, read_bytes
-from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey
+from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, show, type_name
 
 # A prompt in the index: the context alone (a str, or for chat messages their
 # canonical JSON as bytes) when there is no system prompt, else the pair. Most
@@ -68,31 +68,6 @@ def context_text(key: IndexKey) -> str:
     """A key's context as text (chat messages as their canonical JSON)."""
     context = split_key(key)[0]
     return context if type(context) is str else context.decode("utf-8", "replace")
-
-
-def show(value: Any, limit: int = 60) -> str:
-    """A value for a message: its repr, cut short (a saved field can be huge)."""
-    text = repr(value[: limit + 1] if isinstance(value, (str, bytes)) else value)
-    if len(text) > limit:
-        return text[: limit - 3] + "..."
-    return text
-
-
-def type_name(value: Any) -> str:
-    """A JSON value's kind, in the words of the file rather than of Python."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_evalreplay.files import jsonl_lines, read_bytes
-from pytest_evalreplay.model import EvalReplayError
-
-Instance = dict[str, Any]
+from pytest_evalreplay.model import EvalReplayError, Instance, show, type_name
 
 # What a pytest node id cannot hold: "::" separates its parts, "[...]" holds
 # the parameters, and control characters break terminals and JUnit XML.
@@ -61,13 +59,13 @@ def load_instances(
     for where, row in rows:
         if not isinstance(row, Mapping):
             raise EvalReplayError(
-                f"{where}: an instance must be a JSON object with an 'id', got {_kind(row)}; "
+                f"{where}: an instance must be a JSON object with an 'id', got {type_name(row)}; "
                 "fix or delete that line"
             )
         iid = _instance_id(row.get("id"), where)
         if iid in seen:
             raise EvalReplayError(
-                f"{where}: duplicate instance id {_short(iid)} (first at {seen[iid]}); "
+                f"{where}: duplicate instance id {show(iid)} (first at {seen[iid]}); "
                 "give each instance its own id"
             )
         seen[iid] = where
@@ -79,7 +77,7 @@ def _instance_id(iid: Any, where: str) -> str:
     if isinstance(iid, int) and not isinstance(iid, bool):
         return str(iid)
     if not isinstance(iid, str) or not iid.strip():
-        shown = "missing" if iid is None else f"{_kind(iid)} {_short(iid)}"
+        shown = "missing" if iid is None else f"{type_name(iid)} {show(iid)}"
         raise EvalReplayError(
             f"{where}: an instance needs a non-empty string 'id' (or an integer one), and this one's is "
             f"{shown}; fix or delete that line"
@@ -88,7 +86,7 @@ def _instance_id(iid: Any, where: str) -> str:
     bad = [repr(s) for s in _FORBIDDEN if s in iid] + controls
     if bad:
         raise EvalReplayError(
-            f"{where}: instance id {_short(iid)} may not contain {', '.join(bad)} (the id is part of the "
+            f"{where}: instance id {show(iid)} may not contain {', '.join(bad)} (the id is part of the "
             "pytest node id, which cannot hold '::', '[', ']', newlines or other control characters); "
             "rename the instance, e.g. replace them with '_'"
         )
@@ -96,25 +94,6 @@ def _instance_id(iid: Any, where: str) -> str:
         iid.encode("utf-8")
     except UnicodeEncodeError:
         raise EvalReplayError(
-            f"{where}: instance id {_short(iid)} holds a lone surrogate (not valid Unicode text); rename it"
+            f"{where}: instance id {show(iid)} holds a lone surrogate (not valid Unicode text); rename it"
         ) from None
     return iid
-
-
-def _short(value: Any) -> str:
-    text = repr(value[:61] if isinstance(value, str) else value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    return type(value).__name__
