@@ -13,15 +13,17 @@ fullest journal.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
 from pytest_evalreplay.journal import journal_path
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.settings import Settings
 
 if TYPE_CHECKING:
-    from pytest_evalreplay.plugin import EvalReplayPlugin
+    from pytest_evalreplay.report import Summary
+    from pytest_evalreplay.session import EvalSession
 
 JOURNAL_SUFFIX = "-journal.jsonl"
 
@@ -43,8 +45,22 @@ def snapshot(directory: Any) -> dict[str, int]:
     return sizes
 
 
+class PluginState(Protocol):
+    """What these hooks read of the plugin (plugin.py's `EvalReplayPlugin`):
+    named here so the plugin can register them without an import circle."""
+
+    config: pytest.Config
+    settings: Settings
+
+    @property
+    def session(self) -> EvalSession: ...
+
+    @property
+    def summary(self) -> Summary: ...
+
+
 class XdistHooks:
-    def __init__(self, plugin: EvalReplayPlugin) -> None:
+    def __init__(self, plugin: PluginState) -> None:
         self.plugin = plugin
         self._prepared: dict[str, Any] | None = None
         self._watcher: Any = None

@@ -5,6 +5,7 @@ Plain tasks are reused by content (the request as sent, see planning.py);
 fingerprints cover what content cannot show: a multi-stage eval's stage
 configuration and its judge. The journal stores the config beside its hash,
 so a change is not only detected but named ("config changed: stages.3.references").
+A saved run on disk is fingerprinted by `path_signature`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import dataclasses
 import functools
 import hashlib
 import inspect
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -106,3 +109,31 @@ def stable(value: Any) -> Any:
     if callable(value):
         return callable_identity(value)
     return {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
+
+
+def path_signature(path: Path, content_limit: int = 0) -> str:
+    """What a saved run looks like on disk, so a path whose files changed is
+    not mistaken for the same one: its files' contents when they total at most
+    `content_limit` bytes (so a copy or a clone matches), else their names,
+    sizes and modification times (cheap for a large run)."""
+    files: list[tuple[str, Path]] = []
+    try:
+        if path.is_file():
+            files.append((path.name, path))
+        else:
+            for root, dirs, names in os.walk(path):
+                dirs.sort()
+                for name in sorted(names):
+                    if not name.startswith("."):
+                        full = Path(root) / name
+                        files.append((str(full.relative_to(path)), full))
+        stats = [(rel, full, full.stat()) for rel, full in files]
+        by_content = sum(st.st_size for _, _, st in stats) <= content_limit
+        h = hashlib.blake2b(digest_size=12)
+        for rel, full, st in stats:
+            h.update(rel.encode() + b"\0")
+            h.update(full.read_bytes() if by_content else f"{st.st_size}:{st.st_mtime_ns}".encode())
+            h.update(b"\n")
+    except OSError:
+        return "unreadable"
+    return h.hexdigest()

@@ -9,14 +9,12 @@ never imports vllm. A conftest adds kinds through the
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import import_module
-from pathlib import Path
 from typing import Any
 
+from pytest_evalreplay.fingerprint import path_signature
 from pytest_evalreplay.model import EvalReplayError, Provider
 from pytest_evalreplay.settings import Settings
 
@@ -44,34 +42,6 @@ def make_builtin(kind: str, settings: Settings) -> Any:
     module_name, _, attr = target.partition(":")
     factory: Callable[[Settings], Any] = getattr(import_module(module_name), attr)
     return factory(settings)
-
-
-def path_signature(path: Path, content_limit: int = 0) -> str:
-    """What a saved run looks like on disk, so a path whose files changed is
-    not mistaken for the same one: its files' contents when they total at most
-    `content_limit` bytes (so a copy or a clone matches), else their names,
-    sizes and modification times (cheap for a large run)."""
-    files: list[tuple[str, Path]] = []
-    try:
-        if path.is_file():
-            files.append((path.name, path))
-        else:
-            for root, dirs, names in os.walk(path):
-                dirs.sort()
-                for name in sorted(names):
-                    if not name.startswith("."):
-                        full = Path(root) / name
-                        files.append((str(full.relative_to(path)), full))
-        stats = [(rel, full, full.stat()) for rel, full in files]
-        by_content = sum(st.st_size for _, _, st in stats) <= content_limit
-        h = hashlib.blake2b(digest_size=12)
-        for rel, full, st in stats:
-            h.update(rel.encode() + b"\0")
-            h.update(full.read_bytes() if by_content else f"{st.st_size}:{st.st_mtime_ns}".encode())
-            h.update(b"\n")
-    except OSError:
-        return "unreadable"
-    return h.hexdigest()
 
 
 HookMaker = Callable[[str], Any]
