@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_evalreplay import EvalReplayError, EvalTask, GenerationError, Request
-from pytest_evalreplay.formats import IndexBuilder, lm_eval, load, native, olmo_eval
+from pytest_evalreplay.formats import lm_eval, load, native, olmo_eval
+from pytest_evalreplay.formats.saved import IndexBuilder
 from pytest_evalreplay.providers.replay import ReplayProvider
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from pytest_evalreplay.formats import IndexKey, SavedIndex, context_text, key_of, show, split_key
-from pytest_evalreplay.model import PromptKey
+from pytest_evalreplay.formats.saved import IndexKey, SavedIndex, context_text, key_of, split_key
+from pytest_evalreplay.model import PromptKey, show
 
 EXCERPT = 24  # characters shown on each side of the first difference
 

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from pytest_evalreplay.files import read_bytes
-from pytest_evalreplay.formats import (
+from pytest_evalreplay.formats.saved import (
     IndexBuilder,
     IndexKey,
     SavedRow,

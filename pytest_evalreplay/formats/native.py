@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from pytest_evalreplay.files import read_bytes
-from pytest_evalreplay.formats import (
+from pytest_evalreplay.formats.saved import (
     IndexBuilder,
     IndexKey,
     SavedRow,
@@ -50,10 +50,9 @@ from pytest_evalreplay.formats import (
     only_files,
     require_file,
     rows_of,
-    show,
     split_lines,
 )
-from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.model import EvalReplayError, show
 
 PREDICTIONS_SUFFIX = "-predictions.jsonl"
 REQUESTS_SUFFIX = "-requests.jsonl"

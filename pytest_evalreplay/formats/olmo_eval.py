@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from pytest_evalreplay.formats import (
+from pytest_evalreplay.formats.saved import (
     IndexBuilder,
     IndexKey,
     SavedRow,
@@ -38,10 +38,9 @@ from pytest_evalreplay.formats import (
     only_files,
     parse_lines,
     require_file,
-    show,
     token_count,
 )
-from pytest_evalreplay.model import EvalReplayError, Generation
+from pytest_evalreplay.model import EvalReplayError, Generation, show
 
 PREDICTIONS_SUFFIX = "-predictions.jsonl"
 REQUESTS_SUFFIX = "-requests.jsonl"

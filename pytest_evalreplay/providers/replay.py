@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_evalreplay.formats import SavedIndex, SavedRow, key_of, load, show
+from pytest_evalreplay.formats import load
 from pytest_evalreplay.formats.closest import closest, describe
+from pytest_evalreplay.formats.saved import SavedIndex, SavedRow, key_of
 from pytest_evalreplay.model import (
     EvalReplayError,
     GenerateResult,
@@ -23,6 +24,7 @@ from pytest_evalreplay.model import (
     GenerationError,
     PromptKey,
     Request,
+    show,
 )
 from pytest_evalreplay.settings import Settings
 

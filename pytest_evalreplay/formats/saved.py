@@ -1,0 +1,485 @@
+"""Saved runs, read into one index: prompt -> the saved rows that answer it.
+
+Every reader (our run dir, olmo-eval, lm-evaluation-harness) fills the same
+`IndexBuilder`, so replay has one set of rules whatever wrote the files; this
+module holds the index and the helpers the readers share, and imports none of
+them (`formats.load` picks the reader). Loading is one streaming pass: each
+file is read once, and a saved row is
+kept as its raw bytes (each file's rows numbered from the file's `start`, the
+index holding only those positions); a row is decoded into `SavedRow` (and
+checked field by field) when a request asks for its prompt. A file read the
+fast way keeps its bytes as one buffer and the bounds of its lines, so a
+million saved rows cost little more than their bytes in memory.
+
+Everything a reader can meet in a file (bad JSON, a wrong field type, a
+directory or an unreadable file where a file should be) is an
+`EvalReplayError` naming the file, the line and the field; nothing else
+escapes `load`.
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_right
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pytest_evalreplay.files import os_error, read_bytes
+from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, show, type_name
+
+# A prompt in the index: the context alone (a str, or for chat messages their
+# canonical JSON as bytes) when there is no system prompt, else the pair. Most
+# saves have no system prompt, and a bare string costs no tuple per row.
+IndexKey = Any
+# A prompt's saves: one position, or (a prompt saved twice) several.
+Slot = int | list[int]
+
+BOM = b"\xef\xbb\xbf"
+
+
+def index_key(context: Any, system_prompt: str | None) -> IndexKey:
+    """The index's key for a prompt (see `IndexKey`); raises TypeError for a
+    context that is not a string or a list, or one orjson cannot encode."""
+    if type(context) is not str:
+        if not isinstance(context, (str, list)):
+            raise TypeError("context")
+        context = context if isinstance(context, str) else orjson.dumps(context, option=orjson.OPT_SORT_KEYS)
+    return context if system_prompt is None else (context, system_prompt)
+
+
+def key_of(prompt: PromptKey) -> IndexKey:
+    """`model.prompt_key`'s pair as an index key."""
+    return prompt[0] if prompt[1] is None else prompt
+
+
+def split_key(key: IndexKey) -> tuple[str | bytes, str | None]:
+    return (key[0], key[1]) if type(key) is tuple else (key, None)
+
+
+def context_text(key: IndexKey) -> str:
+    """A key's context as text (chat messages as their canonical JSON)."""
+    context = split_key(key)[0]
+    return context if type(context) is str else context.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class SavedRow:
+    """One saved answer to one prompt, decoded on demand.
+
+    `rollouts[i]` is the sample index of `generations[i]`; a row that holds all
+    of an instance's samples has rollouts 0..n-1.
+    """
+
+    instance_id: str
+    stage: int
+    rollouts: tuple[int, ...]
+    generations: tuple[Generation, ...]
+    where: str  # "file:line", for messages
+    file: Path
+
+
+Decoder = Callable[[bytes, str, Path], SavedRow]
+# A saved row's (stage, instance id) without a full decode, for the
+# diagnostics of a miss; None when the row cannot say.
+Identify = Callable[[bytes], "tuple[int, str] | None"]
+
+
+@dataclass(frozen=True)
+class SavedFile:
+    """A predictions file: its rows' bytes, where their positions start, and
+    how to decode them.
+
+    The rows are `lines`, or, for a file read the fast way, slices of one
+    buffer: row i is `data[bounds[i] + 1 : bounds[i + 1]]`. `linenos` is None
+    when row i is line i + 1 of the file, else the line number of each row.
+    """
+
+    path: Path
+    task: str
+    layout: str  # "evalreplay" | "olmo-eval" | "lm-eval"
+    decode: Decoder
+    start: int
+    linenos: list[int] | None = None
+    identify: Identify | None = None
+    lines: list[bytes] = field(default_factory=list)
+    data: bytes = b""
+    bounds: Any = None  # a numpy int64 array, when `data` holds the rows
+
+    def __len__(self) -> int:
+        return len(self.lines) if self.bounds is None else len(self.bounds) - 1
+
+    def blob(self, offset: int) -> bytes:
+        if self.bounds is None:
+            return self.lines[offset]
+        return self.data[int(self.bounds[offset]) + 1 : int(self.bounds[offset + 1])]
+
+
+@dataclass(frozen=True)
+class SavedIndex:
+    """Every saved prompt of a loaded path, ready for lookups."""
+
+    source: Path
+    files: tuple[SavedFile, ...]
+    keys: dict[IndexKey, Slot]
+    model: str | None
+    skipped: int  # loglikelihood, image and tool saves left out at load
+    _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def rows(self, prompt: PromptKey) -> list[SavedRow]:
+        """The saved rows for a prompt (`Request.prompt_key`), in file order (empty if none).
+
+        Raises EvalReplayError naming file:line when a saved row is malformed.
+        """
+        slot = self.keys.get(key_of(prompt))
+        if slot is None:
+            return []
+        return [self.decode(pos) for pos in ([slot] if type(slot) is int else slot)]
+
+    def decode(self, pos: int) -> SavedRow:
+        return decode_at(self.files, pos)
+
+    def where(self, pos: int) -> str:
+        source, lineno = locate(self.files, pos)
+        return f"{source.path}:{lineno}"
+
+    def prompts(self) -> Iterator[tuple[str | list[Any], str | None]]:
+        """Every saved prompt as (context, system prompt), chat contexts as messages."""
+        for key in self.keys:
+            context, system = split_key(key)
+            yield (context if type(context) is str else orjson.loads(context)), system
+
+    def identify(self, pos: int) -> tuple[int, str] | None:
+        """A saved row's (stage, instance id), cheaply where the layout allows."""
+        source, _ = locate(self.files, pos)
+        if source.identify is not None:
+            found = source.identify(source.blob(pos - source.start))
+            if found is not None:
+                return found
+        try:
+            row = self.decode(pos)
+        except EvalReplayError:
+            return None
+        return row.stage, row.instance_id
+
+    def by_instance(self) -> dict[tuple[int, str], list[IndexKey]]:
+        """(stage, instance id) -> the keys saved for it; built on first use
+        (a miss), never at load."""
+        table = self._cache.get("by_instance")
+        if table is None:
+            table = {}
+            for key, slot in self.keys.items():
+                found = self.identify(slot if type(slot) is int else slot[0])
+                if found is not None:
+                    table.setdefault(found, []).append(key)
+            self._cache["by_instance"] = table
+        return table
+
+    def sorted_contexts(self) -> tuple[list[str], list[IndexKey]]:
+        """Every key and its context as text, in text order; built on first use (a miss)."""
+        found = self._cache.get("sorted")
+        if found is None:
+            keys = sorted(self.keys, key=context_text)
+            found = ([context_text(k) for k in keys], keys)
+            self._cache["sorted"] = found
+        return found
+
+
+def locate(files: list[SavedFile] | tuple[SavedFile, ...], pos: int) -> tuple[SavedFile, int]:
+    """The file of a blob position, and the blob's line number in it."""
+    source = files[bisect_right(files, pos, key=_start) - 1]
+    offset = pos - source.start
+    return source, (offset + 1 if source.linenos is None else source.linenos[offset])
+
+
+def _start(saved: SavedFile) -> int:
+    return saved.start
+
+
+def decode_at(files: list[SavedFile] | tuple[SavedFile, ...], pos: int) -> SavedRow:
+    source, lineno = locate(files, pos)
+    return source.decode(source.blob(pos - source.start), f"{source.path}:{lineno}", source.path)
+
+
+@dataclass
+class IndexBuilder:
+    """Collects files and keys from readers; `finish` checks the whole-path rules.
+
+    A reader starts a file with `add_file`, appends its rows to that file's
+    `lines` (or gives the whole buffer), and inserts each row's position
+    (`start` + its offset) with `insert`, which calls `collide` when the
+    prompt is already there.
+    """
+
+    source: Path
+    files: list[SavedFile] = field(default_factory=list)
+    keys: dict[IndexKey, Slot] = field(default_factory=dict)
+    models: dict[str, list[Path]] = field(default_factory=dict)
+    fallback_model: str | None = None
+    skipped: int = 0
+
+    @property
+    def size(self) -> int:
+        """The position the next file's rows start at."""
+        return self.files[-1].start + len(self.files[-1]) if self.files else 0
+
+    def add_file(
+        self,
+        path: Path,
+        task: str,
+        layout: str,
+        decode: Decoder,
+        linenos: list[int] | None = None,
+        identify: Identify | None = None,
+        lines: list[bytes] | None = None,
+        data: bytes = b"",
+        bounds: Any = None,
+    ) -> SavedFile:
+        """Start a file (the last one's rows are all in by now)."""
+        saved = SavedFile(
+            path,
+            task,
+            layout,
+            decode,
+            self.size,
+            linenos,
+            identify,
+            [] if lines is None else lines,
+            data,
+            bounds,
+        )
+        self.files.append(saved)
+        return saved
+
+    def note_model(self, model: str | None, path: Path) -> None:
+        """Record that `path` holds predictions of `model` (None: unknown)."""
+        if model is None:
+            return
+        paths = self.models.setdefault(model, [])
+        if path not in paths:
+            paths.append(path)
+
+    def insert(self, key: IndexKey, pos: int) -> None:
+        prev = self.keys.setdefault(key, pos)
+        if prev is not pos:
+            self.collide(key, prev, pos)
+
+    def collide(self, key: IndexKey, prev: Slot, pos: int) -> None:
+        """A prompt saved twice: fine within one file (replay compares the
+        saves when asked), refused across files, where the choice of which
+        run to trust belongs to the user."""
+        first = prev if type(prev) is int else prev[0]
+        (a, la), (b, lb) = locate(self.files, first), locate(self.files, pos)
+        if a is not b:
+            raise EvalReplayError(
+                f"{a.path}:{la} and {b.path}:{lb} both save the same prompt "
+                f"(instances {self._instance(first)} and {self._instance(pos)}); "
+                f"replay cannot tell which run to serve: pass the file instead, "
+                f"e.g. --evalreplay-predictions={a.path}"
+            )
+        if type(prev) is int:
+            self.keys[key] = [prev, pos]
+        else:
+            prev.append(pos)
+
+    def _instance(self, pos: int) -> str:
+        try:
+            return show(decode_at(self.files, pos).instance_id)
+        except EvalReplayError:
+            return "?"
+
+    def check_one_model(self) -> None:
+        """Refuse predictions of several models (checked as soon as they are known)."""
+        if len(self.models) > 1:
+            listing = "; ".join(
+                f"{show(model)} in {', '.join(str(p) for p in paths[:3])}"
+                + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+                for model, paths in sorted(self.models.items())
+            )
+            raise EvalReplayError(
+                f"{self.source} holds predictions of {len(self.models)} models ({listing}); "
+                "replay serves one model's generations: pass one model's directory or file"
+            )
+
+    def finish(self) -> SavedIndex:
+        self.check_one_model()
+        model = next(iter(self.models), None) or self.fallback_model
+        return SavedIndex(
+            source=self.source,
+            files=tuple(self.files),
+            keys=self.keys,
+            model=model,
+            skipped=self.skipped,
+        )
+
+
+# -- reading ------------------------------------------------------------------
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """A JSONL file's lines (split on newlines only, as editors number them),
+    a UTF-8 byte order mark dropped, no empty element after a final newline."""
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    if lines and lines[0].startswith(BOM):
+        lines[0] = lines[0][len(BOM) :]
+    return lines
+
+
+def rows_of(path: Path, lines: list[bytes]) -> Iterator[tuple[int, Any]]:
+    """Each non-blank line's number and value; a line that is not JSON is an
+    error naming file:line."""
+    loads = orjson.loads
+    for lineno, line in enumerate(lines, 1):
+        try:
+            row = loads(line)
+        except orjson.JSONDecodeError as exc:
+            if line.strip():
+                raise malformed(path, lineno, exc) from None
+            continue
+        yield lineno, row
+
+
+def parse_lines(path: Path) -> Iterator[tuple[int, bytes, Any]]:
+    """Each non-blank line of a JSONL file: its number, its bytes and its row."""
+    lines = split_lines(read_bytes(path))
+    for lineno, row in rows_of(path, lines):
+        yield lineno, lines[lineno - 1], row
+
+
+def malformed(path: Path, lineno: int, exc: Exception) -> EvalReplayError:
+    return malformed_at(f"{path}:{lineno}", exc)
+
+
+def malformed_at(where: str, exc: Exception) -> EvalReplayError:
+    return EvalReplayError(
+        f"{where}: not valid JSON ({exc}); fix or delete that line, "
+        "or point --evalreplay-predictions elsewhere"
+    )
+
+
+def bad_row(path: Path | str, lineno: int | None, expected: str) -> EvalReplayError:
+    where = f"{path}:{lineno}" if lineno is not None else str(path)
+    return EvalReplayError(f"{where}: {expected}; fix or delete that line (was the file written by hand?)")
+
+
+def bad_field(where: str, name: str, expected: str, value: Any) -> EvalReplayError:
+    """A field of the wrong type, by its path in the row."""
+    return EvalReplayError(
+        f"{where}: {name!r} must be {expected}, got {_described(value)}; fix or delete that line"
+    )
+
+
+def _described(value: Any) -> str:
+    return "null" if value is None else f"{type_name(value)} ({show(value, 40)})"
+
+
+def not_an_object(where: str, what: str, value: Any) -> EvalReplayError:
+    return EvalReplayError(
+        f"{where}: {what} must be a JSON object, got {_described(value)}; fix or delete that line"
+    )
+
+
+def first_row(path: Path) -> object:
+    """The first non-blank row of a JSONL file, for sniffing layouts: None if
+    the file is empty or that row is not JSON (the reader then says so)."""
+    try:
+        with path.open("rb") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if lineno == 1 and line.startswith(BOM):
+                    line = line[len(BOM) :]
+                if line.strip():
+                    try:
+                        return orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        return None
+    except OSError as exc:
+        raise os_error(path, exc, "read") from None
+    return None
+
+
+def listable(path: Path) -> None:
+    """An unreadable directory is an error naming it (a glob or a stat below
+    it would say nothing is there, or name a path that does not exist)."""
+    try:
+        with os.scandir(path):
+            pass
+        os.stat(path / ".")
+    except OSError as exc:
+        raise os_error(path, exc, "list") from None
+
+
+def list_dir(path: Path, pattern: str) -> list[Path]:
+    """The entries of `path` matching a glob pattern, sorted; an unreadable
+    directory is an error (a plain glob would silently find nothing)."""
+    listable(path)
+    return sorted(path.glob(pattern))
+
+
+def only_files(paths: list[Path], what: str) -> list[Path]:
+    """`paths`, refusing one that is not a regular file (a directory named
+    like a predictions file is a mistake worth a message, not a silent skip)."""
+    for p in paths:
+        if not p.is_file():
+            raise EvalReplayError(
+                f"{p}: expected {what} here, found a directory or special file; remove or rename it"
+            )
+    return paths
+
+
+def require_file(path: Path, missing: str) -> None:
+    """`path` must exist (`missing` says what to do if not); a directory or an
+    unreadable file is reported when it is read."""
+    if not os.path.lexists(path):
+        raise EvalReplayError(missing)
+    if path.is_dir():
+        raise EvalReplayError(f"{path}: expected a file here, found a directory; remove or rename it")
+
+
+def generation_from_row(row: Any, where: str, index: int) -> Generation:
+    """A saved generation, every field checked (a wrong type names its field)."""
+    name = f"generations[{index}]"
+    if type(row) is not dict:
+        raise not_an_object(where, name, row)
+    text = row.get("text")
+    if type(text) is not str:
+        raise bad_field(where, f"{name}.text", "a string", text)
+    original = row.get("original_text")
+    if original is not None and type(original) is not str:
+        raise bad_field(where, f"{name}.original_text", "a string or null", original)
+    finish = row.get("finish_reason")
+    if finish is not None and type(finish) is not str:
+        raise bad_field(where, f"{name}.finish_reason", "a string or null", finish)
+    metadata = row.get("metadata")
+    if metadata is not None and type(metadata) is not dict:
+        raise bad_field(where, f"{name}.metadata", "an object or null", metadata)
+    return Generation(
+        text=text,
+        original_text=original,
+        finish_reason=finish,
+        prompt_tokens=token_count(row.get("prompt_tokens"), where, f"{name}.prompt_tokens"),
+        completion_tokens=token_count(row.get("completion_tokens"), where, f"{name}.completion_tokens"),
+        metadata=metadata or {},
+    )
+
+
+def token_count(value: Any, where: str, name: str) -> int | None:
+    if value is None or (type(value) is int and value >= 0):
+        return value
+    raise bad_field(where, name, "a non-negative integer or null", value)
+
+
+def instance_id(value: Any, where: str, name: str = "instance_id") -> str:
+    """An id field: a string, or an integer (read as its decimal string)."""
+    if type(value) is str:
+        return value
+    if type(value) is int:
+        return str(value)
+    raise bad_field(where, name, "a string or an integer", value)
