@@ -7,7 +7,10 @@ same task: 1 win, 0.5 tie, 0 loss. A plain function is
 failure naming it (never a loss). The LLM judge asks a model `trials` times,
 swapping the two answers' positions on alternate trials (a judge that
 prefers the first position then cancels out), and reads the verdict with a
-pattern; a verdict it cannot read counts as a tie and is recorded as such.
+pattern. A reply it cannot read is a `Verdict` that says so, with the reason:
+by default a judging failure (a model that never answers in the asked form
+must not rate as all ties), or, with `unreadable="tie"`, a tie still counted
+as unreadable.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numbers
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pytest_evalreplay.model import Context, EvalReplayError
 
@@ -34,7 +37,20 @@ DEFAULT_TEMPLATE = (
 )
 DEFAULT_PATTERN = r"\[\[\s*(A|B|TIE)\s*\]\]"
 DEFAULT_SAMPLING: Mapping[str, Any] = {"temperature": 0.0, "max_tokens": 64}
-UNPARSEABLE = "unparseable"
+LABELS = ("A", "B", "TIE")
+UNREADABLE = "unreadable"
+UnreadablePolicy = Literal["fail", "tie"]
+UNREADABLE_POLICIES: tuple[UnreadablePolicy, ...] = ("fail", "tie")
+# The template's placeholders, filled in one pass: text already filled in is never read again.
+_PLACEHOLDER = re.compile(r"\{(task|answer_a|answer_b)\}")
+_REPLY_SHOWN = 80  # characters of an unreadable reply quoted in its reason
+# The candidate's scores each label allows (an unreadable reply: a failure, or a tie kept as one).
+_SCORES_OF: dict[str, tuple[float | None, ...]] = {
+    "A": (0.0, 1.0),
+    "B": (0.0, 1.0),
+    "TIE": (0.5,),
+    UNREADABLE: (None, 0.5),
+}
 
 
 def check_verdict(value: Any) -> float:
@@ -56,6 +72,35 @@ def task_text(context: Context) -> str:
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """One trial's verdict, read from the judge's reply.
+
+    `label` is what the reply said ("A", "B", "TIE") or UNREADABLE; `score` is
+    the candidate's (1 win, 0.5 tie, 0 loss, the positions swapped back), None
+    for an unreadable reply the judge fails on (its `reason` says why).
+    """
+
+    score: float | None
+    label: str
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        allowed = _SCORES_OF.get(self.label)
+        if allowed is None:
+            raise ValueError(f"Verdict label {self.label!r}: use one of {tuple(_SCORES_OF)}")
+        if self.score not in allowed:
+            raise ValueError(
+                f"Verdict score {self.score!r} does not fit label {self.label!r}: one of {allowed}"
+            )
+        if (self.label == UNREADABLE) != (self.reason is not None):
+            raise ValueError("a Verdict has a reason exactly when it is unreadable")
+
+    @property
+    def readable(self) -> bool:
+        return self.label != UNREADABLE
+
+
+@dataclass(frozen=True)
 class LlmJudge:
     """A judge that asks a model (see `llm`)."""
 
@@ -67,6 +112,7 @@ class LlmJudge:
     trials: int = 2
     pattern: str = DEFAULT_PATTERN
     sampling: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_SAMPLING))
+    unreadable: UnreadablePolicy = "fail"
 
     def __post_init__(self) -> None:
         if type(self.trials) is not int or self.trials < 1:
@@ -85,30 +131,54 @@ class LlmJudge:
             if "{" + name + "}" not in self.template:
                 raise EvalReplayError(f"judges.llm(template=...) must contain {{{name}}}")
         if not isinstance(self.sampling, Mapping):
-            raise EvalReplayError("judges.llm(sampling=...) must be a dict")
+            raise EvalReplayError(
+                "judges.llm(sampling=...) must be a dict of sampling settings, "
+                f"not {type(self.sampling).__name__}"
+            )
+        if self.unreadable not in UNREADABLE_POLICIES:
+            raise EvalReplayError(
+                f"judges.llm(unreadable={self.unreadable!r}): give 'fail' (an unreadable reply is a "
+                "judging failure) or 'tie' (it counts as a tie)"
+            )
 
     def prompt(self, task: str, candidate: str, reference: str, trial: int) -> str:
-        """Trial `trial`'s prompt: the candidate is answer A on even trials, B on odd ones."""
+        """Trial `trial`'s prompt: the candidate is answer A on even trials, B on odd ones.
+
+        Filled in one pass, so a placeholder inside an answer or the task stays as written.
+        """
         a, b = (candidate, reference) if trial % 2 == 0 else (reference, candidate)
-        return self.template.replace("{task}", task).replace("{answer_a}", a).replace("{answer_b}", b)
+        values = {"task": task, "answer_a": a, "answer_b": b}
+        return _PLACEHOLDER.sub(lambda m: values[m.group(1)], self.template)
 
-    def read(self, text: str) -> str | None:
-        """The verdict label in a reply ("A", "B" or "TIE"; the last match wins), or None."""
-        matches = re.findall(self.pattern, text)
-        if not matches:
-            return None
-        label = str(matches[-1]).strip().upper()
-        return label if label in ("A", "B", "TIE") else None
-
-    def score(self, text: str, trial: int) -> tuple[float, str]:
-        """The candidate's score from one trial's reply, and the label read (or "unparseable": a tie)."""
-        label = self.read(text)
-        if label is None:
-            return 0.5, UNPARSEABLE
+    def verdict(self, text: str, trial: int) -> Verdict:
+        """Trial `trial`'s verdict from the judge's reply, the positions swapped back."""
+        label = self._last_match(text)
+        if label not in LABELS:
+            said = "no verdict" if label is None else f"the verdict {label!r}"
+            reason = (
+                f"the judge's reply has {said} where {self._asked()} was asked for "
+                f"(pattern {self.pattern!r}): {text[:_REPLY_SHOWN]!r}"
+                + (f" ({len(text)} characters)" if len(text) > _REPLY_SHOWN else "")
+            )
+            return Verdict(0.5 if self.unreadable == "tie" else None, UNREADABLE, reason)
         if label == "TIE":
-            return 0.5, label
+            return Verdict(0.5, label)
         candidate_is = "A" if trial % 2 == 0 else "B"
-        return (1.0 if label == candidate_is else 0.0), label
+        return Verdict(1.0 if label == candidate_is else 0.0, label)
+
+    def score(self, text: str, trial: int) -> tuple[float | None, str]:
+        """`verdict`'s (score, label), for the ELO driver until it reads `verdict` itself."""
+        v = self.verdict(text, trial)
+        return v.score, v.label
+
+    def _last_match(self, text: str) -> str | None:
+        matches = re.findall(self.pattern, text)
+        return str(matches[-1]).strip().upper() if matches else None
+
+    def _asked(self) -> str:
+        if self.pattern == DEFAULT_PATTERN:
+            return "[[A]], [[B]] or [[TIE]]"
+        return "A, B or TIE"
 
     def identity(self) -> dict[str, Any]:
         """What makes two LLM judges judge alike (besides their provider)."""
@@ -118,6 +188,7 @@ class LlmJudge:
             "trials": self.trials,
             "pattern": self.pattern,
             "sampling": dict(self.sampling),
+            "unreadable": self.unreadable,
         }
 
 
@@ -131,6 +202,7 @@ def llm(
     trials: int = 2,
     pattern: str = DEFAULT_PATTERN,
     sampling: Mapping[str, Any] | None = None,
+    unreadable: UnreadablePolicy = "fail",
 ) -> LlmJudge:
     """A pairwise judge on top of a provider.
 
@@ -141,7 +213,9 @@ def llm(
     (--evalreplay-predictions), the judge is always served from that run's
     saved verdicts, so no model is asked. `template` gets `{task}`,
     `{answer_a}` and `{answer_b}`; `pattern` has one group capturing `A`, `B`
-    or `TIE` (default: `[[A]]`, `[[B]]`, `[[TIE]]`).
+    or `TIE` (default: `[[A]]`, `[[B]]`, `[[TIE]]`). A reply the pattern
+    cannot read is a judging failure (`unreadable="fail"`), or a tie with
+    `unreadable="tie"`; either way it is counted as unreadable.
     """
     return LlmJudge(
         provider=provider,
@@ -151,8 +225,14 @@ def llm(
         system_prompt=system_prompt,
         trials=trials,
         pattern=pattern,
-        sampling=dict(sampling) if sampling is not None else dict(DEFAULT_SAMPLING),
+        sampling=dict(DEFAULT_SAMPLING) if sampling is None else _copied(sampling),
+        unreadable=unreadable,
     )
+
+
+def _copied(sampling: Any) -> Any:
+    """A copy of a mapping (so the judge is not changed through it); anything else as is, for the check."""
+    return dict(sampling) if isinstance(sampling, Mapping) else sampling
 
 
 def validate_judge(judge: Any, where: str) -> LlmJudge | FunctionJudge:
