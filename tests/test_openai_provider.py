@@ -34,7 +34,8 @@ from llm_fixtures import make_request
 
 from pytest_evalreplay.model import EvalReplayError, Generation, GenerationError, Request
 from pytest_evalreplay.providers import openai as openai_mod
-from pytest_evalreplay.providers.openai import Balancer, OpenAIProvider
+from pytest_evalreplay.providers.openai import OpenAIProvider
+from pytest_evalreplay.providers.openai_balancer import Balancer
 from pytest_evalreplay.settings import Settings
 
 req = make_request

@@ -1,0 +1,244 @@
+"""The openai provider's watchdog: attempts that hang are cut off.
+
+A socket timeout alone does not bound an HTTP attempt (it restarts with every
+byte), and a blocked `recv` does not notice a cancelled stream. Here each
+attempt in flight is a `Watch` on its socket; `Watchdog` aborts it at its
+deadline and `Run` aborts a stream's attempts when the stream is closed, both
+by shutting the socket down. `post` is one attempt on this thread's kept-alive
+connection (`Connections`) under those rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import http.client
+import itertools
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+from pytest_evalreplay.providers.openai_balancer import Server
+from pytest_evalreplay.providers.openai_wire import CallFailure, Response
+
+# What a server closing an idle keep-alive connection looks like.
+STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+
+
+class Watch:
+    """One attempt in flight on a socket, which a deadline or a cancelled
+    stream aborts by shutting the socket down (that wakes a blocked recv)."""
+
+    __slots__ = ("deadline", "done", "lock", "reason", "sock")
+
+    def __init__(self, sock: socket.socket | None, deadline: float | None) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.reason: str | None = None
+        self.done = False
+        self.lock = threading.Lock()
+
+    def abort(self, reason: str) -> None:
+        with self.lock:
+            if self.done or self.reason is not None:
+                return
+            self.reason = reason
+            if self.sock is not None:
+                with contextlib.suppress(OSError):
+                    # The plain socket's shutdown, also for TLS: the SSL
+                    # object stays intact for the thread reading it.
+                    socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+
+    def finish(self) -> str | None:
+        with self.lock:
+            self.done = True
+            self.sock = None
+            return self.reason
+
+
+class Watchdog:
+    """One daemon thread that aborts attempts past their deadline.
+
+    A socket timeout alone does not bound an attempt: it restarts with every
+    byte, so a server that trickles bytes would hold a call forever."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Watch]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, watch: Watch) -> None:
+        assert watch.deadline is not None
+        with self._cond:
+            heapq.heappush(self._heap, (watch.deadline, next(self._seq), watch))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="evalreplay-openai-watchdog", daemon=True
+                )
+                self._thread.start()
+            if self._heap[0][2] is watch:  # the loop sleeps until the earliest deadline
+                self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            thread, self._thread = self._thread, None
+            self._heap.clear()
+            self._cond.notify()
+        if thread is not None:
+            thread.join()
+
+    def _loop(self) -> None:
+        me = threading.current_thread()
+        with self._cond:
+            while self._thread is me:
+                now = time.monotonic()
+                while self._heap and (self._heap[0][2].done or self._heap[0][0] <= now):
+                    _, _, watch = heapq.heappop(self._heap)
+                    watch.abort("timeout")
+                self._cond.wait(self._heap[0][0] - now if self._heap else None)
+
+
+class Run:
+    """The calls of one stream: closing the stream cancels them all."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._watches: set[Watch] = set()
+
+    def enter(self, watch: Watch) -> bool:
+        with self._lock:
+            if self.cancelled.is_set():
+                return False
+            self._watches.add(watch)
+            return True
+
+    def leave(self, watch: Watch) -> None:
+        with self._lock:
+            self._watches.discard(watch)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled.set()
+            watches = list(self._watches)
+        for watch in watches:
+            watch.abort("cancelled")
+
+
+def connect_to(server: Server, timeout: float | None) -> http.client.HTTPConnection:
+    """An unopened connection (it connects on first use)."""
+    if server.scheme == "https":
+        return http.client.HTTPSConnection(
+            server.host, server.port, timeout=timeout, context=ssl.create_default_context()
+        )
+    return http.client.HTTPConnection(server.host, server.port, timeout=timeout)
+
+
+class Connections:
+    """Each worker thread's keep-alive connection to each server, all of
+    which `close` closes at once."""
+
+    def __init__(self, servers: Sequence[Server], timeout: float | None) -> None:
+        self.servers = tuple(servers)
+        self.timeout = timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: set[http.client.HTTPConnection] = set()
+
+    def get(self, index: int) -> http.client.HTTPConnection:
+        conns: dict[int, http.client.HTTPConnection] | None = getattr(self._local, "conns", None)
+        if conns is None:
+            conns = self._local.conns = {}
+        conn = conns.get(index)
+        if conn is None:
+            conn = conns[index] = connect_to(self.servers[index], self.timeout)
+            with self._lock:
+                self._open.add(conn)
+        return conn
+
+    def drop(self, index: int) -> None:
+        conns: dict[int, http.client.HTTPConnection] = getattr(self._local, "conns", {})
+        conn = conns.pop(index, None)
+        if conn is not None:
+            conn.close()
+            with self._lock:
+                self._open.discard(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._open = self._open, set()
+        for conn in conns:
+            conn.close()
+
+
+def post(
+    conns: Connections,
+    watchdog: Watchdog,
+    run: Run,
+    index: int,
+    path: str,
+    data: bytes,
+    headers: Mapping[str, str],
+    deadline: float | None,
+    timed_out: CallFailure,
+) -> Response | CallFailure | None:
+    """One POST on this thread's connection to server `index`, cut off at
+    `deadline` (answered with `timed_out`). A kept-alive connection the server
+    has closed meanwhile is reopened once, within the same attempt. None: the
+    run was cancelled."""
+    server = conns.servers[index]
+    where = f"{server.url}{path}"
+    for fresh_retry in (False, True):
+        conn = conns.get(index)
+        reused = conn.sock is not None
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return timed_out
+        try:
+            if conn.sock is None:
+                conn.timeout = remaining
+                conn.connect()
+            else:
+                conn.sock.settimeout(remaining)
+        except TimeoutError:
+            conns.drop(index)
+            return timed_out
+        except OSError as exc:
+            conns.drop(index)
+            return CallFailure(f"cannot connect to {server.url}: {type(exc).__name__}: {exc}", True, True)
+        watch = Watch(conn.sock, deadline)
+        if not run.enter(watch):
+            return None
+        if deadline is not None:
+            watchdog.add(watch)
+        try:
+            conn.request("POST", server.prefix + path, body=data, headers=dict(headers))
+            resp = conn.getresponse()
+            raw = resp.read()
+            got = {k.lower(): v for k, v in resp.getheaders()}
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            reason = watch.finish()
+            conns.drop(index)
+            if reason == "cancelled":
+                return None
+            if reason == "timeout" or isinstance(exc, TimeoutError):
+                return timed_out
+            if reused and not fresh_retry and isinstance(exc, STALE):
+                continue
+            what = f"{type(exc).__name__}: {exc}"
+            return CallFailure(f"connection error on {where}: {what}", retryable=True, server_fault=True)
+        finally:
+            watch.finish()
+            run.leave(watch)
+        if watch.reason is not None:
+            # Aborted while reading: what was read may be cut short (http.client
+            # takes EOF inside the headers for their end), so it is no answer.
+            conns.drop(index)
+            return None if watch.reason == "cancelled" else timed_out
+        if resp.will_close:
+            conns.drop(index)
+        return Response(resp.status, got, raw)
+    raise AssertionError("unreachable")
