@@ -5,9 +5,10 @@ Standard library only. This module retries calls and runs them on worker
 threads; its other jobs have their own modules: which server takes a call
 (`openai_balancer`), cutting off hung attempts and cancelled streams
 (`openai_watchdog`), and the request and response bodies (`openai_wire`).
-Text contexts go to `/completions`, chat contexts to `/chat/completions`; up to `concurrency` HTTP calls are in flight at once (in
-total over all servers), each worker thread keeping one keep-alive connection
-per server. Each call goes to the server with the fewest calls in flight.
+Text contexts go to `/completions`, chat contexts to `/chat/completions`; up
+to `concurrency` HTTP calls are in flight at once (in total over all
+servers), each worker thread keeping one keep-alive connection per server.
+Each call goes to the server with the fewest calls in flight.
 
 Failures: connection errors, timeouts, 5xx, 408 and 429 are retried with
 exponential backoff, preferring a server the call has not failed on; when the
