@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_evalreplay.compare import compare_run_dirs, render_markdown, render_text
+from pytest_evalreplay.compare import compare_run_dirs
+from pytest_evalreplay.compare_render import render_markdown, render_text
 from pytest_evalreplay.files import atomic_write
 from pytest_evalreplay.model import EvalReplayError
 
@@ -30,6 +31,16 @@ def _count(value: str) -> int:
     return n
 
 
+def _alpha(value: str) -> float:
+    try:
+        alpha = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0 < alpha < 0.5:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 0.5 (a one-sided level), got {value}")
+    return alpha
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="pytest-evalreplay tools that need no pytest run."
@@ -39,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         help="compare two saved run dirs",
         description="Compare two run dirs written by pytest-evalreplay: each metric's difference "
-        "(NEW - BASE) with a paired 95%% interval over the instances both scored, and the "
-        "instances whose score flipped.",
+        "(NEW - BASE) with the paired t-test a gate decides with (one-sided p for a drop, and the "
+        "interval at 1 - 2 * alpha) over the instances both scored, and the instances whose score "
+        "flipped (for an EloEval: the rating's paired bootstrap and the tasks whose verdicts flipped).",
     )
     compare.add_argument("base", type=Path, metavar="BASE", help="the run dir to compare against")
     compare.add_argument("new", type=Path, metavar="NEW", help="the run dir to compare")
@@ -50,13 +62,20 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--top", type=_count, default=20, metavar="N", help="flips listed per task (default 20)"
     )
+    compare.add_argument(
+        "--alpha",
+        type=_alpha,
+        default=0.05,
+        metavar="A",
+        help="the paired test's one-sided level, as the gate's alpha (default 0.05: a 90%% interval)",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cmp = compare_run_dirs(args.base, args.new)
+        cmp = compare_run_dirs(args.base, args.new, args.alpha)
         lines = render_text(cmp, top=args.top)
         if args.markdown is not None:
             atomic_write(args.markdown, render_markdown(cmp).encode())

@@ -2,20 +2,26 @@
 a failure budget, judged over plain data (per-instance scores and counts).
 
 A drop fails the gate only when it is both larger than `max_drop` and
-significant: a one-sided Wilcoxon signed-rank test over the instances both
-runs scored, so that noise on a small eval set does not break CI, and a real
-regression on a large one does.
+significant at `alpha`, so that noise on a small eval set does not break CI
+and a real regression on a large one does. Significance is decided by
+`stats.paired_test` (a one-sided paired t-test over the instances both runs
+scored), the same test compare prints, so a red gate never points to a
+comparison that calls the change noise. An EloEval's rating is paired by
+`elo.compare_ratings` instead (a paired bootstrap over the tasks both judged),
+handed in as a `PairedDrop`.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.stats import PairedTest, paired_test
+
+RATING_TEST = "paired bootstrap of the rating"
 
 
 @dataclass(frozen=True)
@@ -38,8 +44,11 @@ class Gate:
                 continue
             if not _is_number(value) or not math.isfinite(value):
                 raise EvalReplayError(f"Gate({name}={value!r}) must be a finite number")
-        if not 0 < self.alpha < 1:
-            raise EvalReplayError(f"Gate(alpha={self.alpha!r}) must be between 0 and 1")
+        if not 0 < self.alpha < 0.5:
+            raise EvalReplayError(
+                f"Gate(alpha={self.alpha!r}) must be between 0 and 0.5: "
+                "the level of a one-sided test, e.g. 0.05"
+            )
         if self.max_drop is not None and self.max_drop < 0:
             raise EvalReplayError(f"Gate(max_drop={self.max_drop!r}) must be >= 0")
 
@@ -76,28 +85,31 @@ def metric_scores(scores: Mapping[str, Mapping[str, float]], metric: str) -> dic
 
 @dataclass(frozen=True)
 class PairedDrop:
-    n: int  # instances scored by both runs
-    drop: float  # mean of baseline - current over those instances
-    p_value: float  # one-sided: current is lower than baseline
+    """A paired drop computed outside `stats.paired_test`: an EloEval's rating
+    against its baseline's (`elo.compare_ratings`). `drop` is baseline -
+    current, `p_value` one-sided for a drop, `interval` the drop's 95% interval
+    when known. `test` turns it into the `PairedTest` the gate and compare print."""
 
+    n: int  # tasks judged by both runs
+    drop: float
+    p_value: float
+    interval: tuple[float | None, float | None] | None = None
+    name: str = RATING_TEST
 
-def paired_drop(current: Mapping[str, float], baseline: Mapping[str, float]) -> PairedDrop:
-    """Compare the instances both runs scored: mean drop and one-sided p-value."""
-    common = sorted(current.keys() & baseline.keys())
-    if not common:
-        return PairedDrop(n=0, drop=math.nan, p_value=1.0)
-    import numpy as np
-    from scipy import stats
-
-    diff = np.array([current[i] - baseline[i] for i in common], dtype=float)
-    if not np.any(diff):
-        return PairedDrop(n=len(common), drop=0.0, p_value=1.0)
-    with warnings.catch_warnings():
-        # Older scipy warns that ties at zero rule out the exact test and switches
-        # to the normal approximation: what zsplit over ties asks for anyway.
-        warnings.simplefilter("ignore", UserWarning)
-        result = stats.wilcoxon(diff, alternative="less", zero_method="zsplit")
-    return PairedDrop(n=len(common), drop=float(-diff.mean()), p_value=float(result.pvalue))
+    def test(self, alpha: float) -> PairedTest:
+        lo, hi = self.interval or (None, None)
+        return PairedTest(
+            name=self.name,
+            n=self.n,
+            estimate=-self.drop if math.isfinite(self.drop) else None,
+            lo=None if hi is None else -hi,
+            hi=None if lo is None else -lo,
+            confidence=0.95,
+            p_value=self.p_value,
+            alpha=alpha,
+            unit="task",
+            decimals=1,
+        )
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,7 @@ class GateOutcome:
     num_failed: int
     budget: float
     baseline: float | None = None
-    paired: PairedDrop | None = None
+    paired: PairedTest | None = None
     reasons: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     baseline_source: str = ""
@@ -129,8 +141,8 @@ class GateOutcome:
         if self.baseline is not None and self.paired is not None:
             source = f" ({self.baseline_source})" if self.baseline_source else ""
             parts.append(
-                f"baseline {self.baseline:.4f}{source}, paired drop {self.paired.drop:+.4f} over "
-                f"{self.paired.n} instances (p={self.paired.p_value:.3g}, max_drop {self.gate.max_drop:g})"
+                f"baseline {self.baseline:.4f}{source}, max_drop {self.gate.max_drop:g} at alpha "
+                f"{self.gate.alpha:g}: {self.paired.describe()}"
             )
         parts.append(f"{self.num_failed}/{self.num_items} items failed (budget {self.budget:g})")
         text = f"{verdict} " + "; ".join(parts)
@@ -141,7 +153,7 @@ class GateOutcome:
         elif self.dropped:
             text += (
                 "\n  what changed: run again with --evalreplay-compare=RUN_DIR (a run dir of the "
-                "baseline's run) to list the instances that flipped"
+                "baseline's run) to list the instances (an EloEval's tasks) whose scores or verdicts flipped"
             )
         for note in self.notes:
             text += f"\n  note: {note}"
@@ -162,7 +174,9 @@ def evaluate(
     compared: bool = False,
 ) -> GateOutcome:
     """Judge one task: `scores` are its per-instance values of the gated metric;
-    `missing` counts items of the task with no result yet (not selected, never run)."""
+    `missing` counts items of the task with no result yet (not selected, never run);
+    `paired` is a drop computed elsewhere (an EloEval's rating), else the
+    scores are paired with the baseline's by `stats.paired_test`."""
     reasons: list[str] = []
     notes: list[str] = []
     dropped = False
@@ -182,8 +196,7 @@ def evaluate(
             f"budget {budget:.1%} (--evalreplay-failure-budget)"
         )
     base_value: float | None = None
-    if gate.max_drop is None:
-        paired = None
+    test: PairedTest | None = None
     if gate.max_drop is not None:
         if baseline is None:
             notes.append("max_drop not checked: no baseline for this task (--evalreplay-baseline)")
@@ -199,16 +212,18 @@ def evaluate(
             )
         else:
             base_value = float(baseline.metrics[gate.metric])
-            if paired is None:
-                paired = paired_drop(scores, baseline.scores)
-            if paired.n == 0:
-                reasons.append("no instance was scored by both this run and the baseline")
-            elif paired.drop > gate.max_drop and paired.p_value < gate.alpha:
+            if paired is not None:
+                test = paired.test(gate.alpha)
+            else:
+                test = paired_test(scores, baseline.scores, alpha=gate.alpha)
+            if test.n == 0:
+                reasons.append(f"no {test.unit} was scored by both this run and the baseline")
+            elif test.drop is not None and test.drop > gate.max_drop and test.significant_drop:
                 dropped = True
                 reasons.append(
-                    f"{gate.metric} dropped {paired.drop:.4f} below the baseline over {paired.n} paired "
-                    f"instances (more than max_drop {gate.max_drop:g}, p={paired.p_value:.3g} < "
-                    f"alpha {gate.alpha:g})"
+                    f"{gate.metric} dropped {test.drop:.{test.decimals}f} below the baseline over "
+                    f"{test.n} paired {test.unit}s (more than max_drop {gate.max_drop:g}; "
+                    f"{test.name} p={test.p_value:.3g} < alpha {gate.alpha:g})"
                 )
     return GateOutcome(
         task=task,
@@ -218,7 +233,7 @@ def evaluate(
         num_failed=num_failed,
         budget=budget,
         baseline=base_value,
-        paired=paired,
+        paired=test,
         reasons=tuple(reasons),
         notes=tuple(notes),
         baseline_source=baseline.describe_source() if baseline is not None else "",

@@ -10,8 +10,12 @@ each instance's mean is one observation, and the interval is a Student t
 interval on those n values: the cluster-robust interval for equally weighted
 clusters, and the one that matches how the metric itself is defined.
 
-The paired interval does the same on per-instance differences between two
-runs, so that instance difficulty, shared by both runs, cancels out.
+Two runs are compared by one paired test, `paired_test`: the gate decides a
+regression with it and compare prints it, so the two can never disagree. It
+is a paired t-test on per-instance differences (instance difficulty, shared
+by both runs, cancels out), one-sided for a drop, with the t interval whose
+upper end is the one-sided bound: the interval lies below 0 exactly when the
+test rejects.
 
 numpy and scipy are imported inside the functions: the plugin imports this
 module on its start-up path, and a plain pytest run should not pay for them.
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 CONFIDENCE = 0.95
+ALPHA = 0.05  # the paired test's one-sided significance level unless a gate says otherwise
+PAIRED_T_TEST = "paired t-test"
 
 
 @dataclass(frozen=True)
@@ -48,12 +54,6 @@ class Interval:
         if self.lo is None or self.hi is None:
             return None
         return (self.hi - self.lo) / 2
-
-    @property
-    def excludes_zero(self) -> bool:
-        """Whether the interval lies wholly on one side of 0 (for a
-        difference: the change is significant at 1 - confidence)."""
-        return self.lo is not None and self.hi is not None and (self.lo > 0 or self.hi < 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {"n": self.n, "mean": self.mean, "lo": self.lo, "hi": self.hi, "confidence": self.confidence}
@@ -122,17 +122,152 @@ def clustered_interval(rollout_scores: Iterable[Sequence[float]], confidence: fl
     return t_interval(means, confidence)
 
 
-def paired_difference(
-    new: Mapping[str, float], base: Mapping[str, float], confidence: float = CONFIDENCE
-) -> Interval:
-    """The mean of new - base over the instances both runs scored, with a t
-    interval on those paired differences. Swapping the runs flips the sign
-    exactly: mean -> -mean, (lo, hi) -> (-hi, -lo)."""
+@dataclass(frozen=True)
+class PairedTest:
+    """Whether a new run dropped below a base run, paired over the `n` units
+    (instances; for an EloEval, tasks) both scored.
+
+    `estimate` is the mean change new - base (negative: worse; None when n == 0
+    or not representable); `lo`, `hi` its interval at `confidence` (None below
+    two units); `p_value` is one-sided for a drop (H1: new < base) and `p_gain`
+    one-sided for a gain (None when the test gives none). For the paired
+    t-test `confidence` is 1 - 2 * alpha, so `hi` is the one-sided (1 - alpha)
+    upper bound: `hi < 0` exactly when `p_value < alpha`, and `lo > 0` exactly
+    when `p_gain < alpha`. `decimals` is how many digits `describe` shows (a
+    rating needs fewer than a score).
+    """
+
+    name: str
+    n: int
+    estimate: float | None
+    lo: float | None
+    hi: float | None
+    confidence: float
+    p_value: float
+    alpha: float
+    p_gain: float | None = None
+    unit: str = "instance"
+    decimals: int = 4
+
+    @property
+    def drop(self) -> float | None:
+        """base - new: how much worse the new run is (what max_drop bounds)."""
+        return None if self.estimate is None else -self.estimate
+
+    @property
+    def significant_drop(self) -> bool:
+        return self.p_value < self.alpha
+
+    @property
+    def significant_gain(self) -> bool:
+        if self.p_gain is not None:
+            return self.p_gain < self.alpha
+        return self.lo is not None and self.lo > 0
+
+    def _signed(self, x: float) -> str:
+        return f"{x:+.{self.decimals}f}"
+
+    def describe(self) -> str:
+        """One line with the test's name, estimate, interval and p-value (the
+        gate's message and compare both print it)."""
+        units = f"{self.n:,} {self.unit}{'' if self.n == 1 else 's'}"
+        if self.n == 0:
+            return f"{self.name}: no {self.unit} scored by both runs"
+        if self.estimate is None:
+            return f"{self.name} over {units}: the change is not representable as a float"
+        text = f"{self.name} over {units}: change {self._signed(self.estimate)}"
+        if self.lo is None or self.hi is None:
+            why = f" (one {self.unit} cannot show a change)" if self.n == 1 else ""
+            text += f", no interval{why}"
+        else:
+            lo, hi = self._signed(self.lo), self._signed(self.hi)
+            text += f", {self.confidence * 100:g}% interval [{lo}, {hi}]"
+        if self.estimate > 0 and self.p_gain is not None:
+            return text + f", one-sided p={self.p_gain:.3g} for a gain"
+        return text + f", one-sided p={self.p_value:.3g} for a drop"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "test": self.name,
+            "n": self.n,
+            "estimate": self.estimate,
+            "lo": self.lo,
+            "hi": self.hi,
+            "confidence": self.confidence,
+            "p_value": self.p_value,
+            "p_gain": self.p_gain,
+            "alpha": self.alpha,
+            "significant_drop": self.significant_drop,
+            "significant_gain": self.significant_gain,
+        }
+
+
+def _agree(p: float, rejects: bool, alpha: float) -> float:
+    """The p-value put on the interval's side of alpha: where the quantile and
+    the p-value round differently in the last bit, the interval decides."""
+    if rejects and not p < alpha:
+        return math.nextafter(alpha, 0.0)
+    if not rejects and p < alpha:
+        return alpha
+    return p
+
+
+def paired_test(new: Mapping[str, float], base: Mapping[str, float], alpha: float = ALPHA) -> PairedTest:
+    """The one paired test of "new is significantly lower than base", over the
+    instances both runs scored: a paired t-test on the differences new - base.
+
+    p_value is one-sided for a drop and p_gain for a gain; the interval is the
+    t interval at 1 - 2 * alpha, whose ends are the one-sided (1 - alpha)
+    bounds, so it excludes 0 exactly when one of the two tests rejects.
+    Degenerate cases, explicitly: no common instance: no estimate, p = 1; one:
+    the change, no interval, p = 1 (one instance cannot show a change); every
+    difference equal: a zero-width interval at that value, and p = 0 in its
+    direction (no noise to weigh a change against; identical runs give p = 1
+    both ways). Swapping the runs swaps p_value and p_gain and mirrors the
+    interval. Raises ValueError on a non-finite score or alpha outside (0, 0.5).
+    """
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha must be between 0 and 0.5 (a one-sided level), got {alpha!r}")
+    confidence = 1 - 2 * alpha
     common = sorted(new.keys() & base.keys())
     pairs = [(float(new[i]), float(base[i])) for i in common]
     if not all(math.isfinite(a) and math.isfinite(b) for a, b in pairs):
         raise ValueError("scores must be finite numbers")
     diffs = [a - b for a, b in pairs]
-    if not all(math.isfinite(d) for d in diffs):  # scores near the float limit
-        return Interval(len(diffs), None, None, None, confidence)
-    return t_interval(diffs, confidence)
+    n = len(diffs)
+
+    def result(
+        estimate: float | None, lo: float | None, hi: float | None, p: float, p_gain: float
+    ) -> PairedTest:
+        return PairedTest(PAIRED_T_TEST, n, estimate, lo, hi, confidence, p, alpha, p_gain)
+
+    if n == 0 or not all(math.isfinite(d) for d in diffs):  # the latter: scores near the float limit
+        return result(None, None, None, 1.0, 1.0)
+    if n == 1:
+        return result(diffs[0], None, None, 1.0, 1.0)
+    first = diffs[0]
+    if all(d == first for d in diffs):
+        return result(first, first, first, 0.0 if first < 0 else 1.0, 0.0 if first > 0 else 1.0)
+
+    import numpy as np
+    from scipy.special import stdtr, stdtrit
+
+    x = np.asarray(diffs, dtype=float)
+    # Scaled into [-1, 1] first, so huge differences neither overflow the sum nor the squares.
+    scale = float(np.max(np.abs(x)))
+    y = x / scale
+    mean_y = float(np.mean(y))
+    se_y = float(np.std(y, ddof=1)) / math.sqrt(n)
+    t = mean_y / se_y
+    half_y = float(stdtrit(n - 1, 1 - alpha)) * se_y
+    mean = mean_y * scale
+    # Rounding must never put the mean outside its own interval.
+    lo_y, hi_y = min(mean_y - half_y, mean_y), max(mean_y + half_y, mean_y)
+    lo, hi = _finite(lo_y * scale), _finite(hi_y * scale)
+    drop = hi < 0 if hi is not None else hi_y < 0
+    gain = lo > 0 if lo is not None else lo_y > 0
+    p = _agree(float(stdtr(n - 1, t)), drop, alpha)
+    p_gain = _agree(float(stdtr(n - 1, -t)), gain, alpha)
+    if lo is None or hi is None:
+        lo = hi = None
+    return result(mean, lo, hi, p, p_gain)

@@ -23,15 +23,12 @@ from pytest_evalreplay.compare import (
     compare_run_dirs,
     compare_runs,
     compare_with_saved,
-    load_run_dir,
-    md_escape,
-    prompt_line,
-    render_markdown,
-    render_text,
-    shorten,
 )
+from pytest_evalreplay.compare_render import md_escape, render_markdown, render_text
 from pytest_evalreplay.model import EvalReplayError
-from pytest_evalreplay.stats import instance_interval, paired_difference
+from pytest_evalreplay.snapshot import load_run_dir
+from pytest_evalreplay.snippets import prompt_line, shorten
+from pytest_evalreplay.stats import instance_interval, paired_test
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -134,8 +131,8 @@ def test_metric_difference_and_intervals(runs):
     assert acc.base == pytest.approx(4 / 6)
     assert acc.new == pytest.approx(3.5 / 6)
     assert acc.delta == pytest.approx(-0.5 / 6)
-    assert acc.paired == paired_difference(new, base)
-    assert acc.paired.mean == pytest.approx(acc.delta)
+    assert acc.paired == paired_test(new, base)
+    assert acc.paired.estimate == pytest.approx(acc.delta)
     assert acc.base_interval == instance_interval(base.values())
     assert acc.new_interval == instance_interval(new.values())
 
@@ -153,7 +150,8 @@ def test_text_report(runs):
         "    + q3 [acc 0 -> 1] Question q3: what is it?",
     ]
     assert '        base: "Paris"  new: "Lyon"' in lines
-    assert "  acc: 0.6667 +-" in text and "diff -0.0833; paired -0.0833 [" in text
+    assert "  acc: 0.6667 +-" in text
+    assert "diff -0.0833; paired t-test over 6 instances: change -0.0833, 90% interval [" in text
     assert lines[-2:] == ["only in base: gone", "only in new: added"]
 
 
@@ -178,10 +176,11 @@ def test_markdown_lists_every_flip_escaped(tmp_path):
     assert rows[0] == (
         "| regressed | i0 | acc | 1 | 0 | Question i0: what is it? | ok 0 | bad \\| 0 second line &lt;b&gt; |"
     )
-    # every instance agrees: zero-width intervals, and a drop that excludes 0 is bold
+    # every instance agrees: zero-width intervals, and a significant drop is bold
     assert (
         "| acc | 1.0000 [1.0000, 1.0000] | 0.0000 [0.0000, 0.0000] | -1.0000 "
-        "| **-1.0000 [-1.0000, -1.0000]** | 30 |"
+        "| **paired t-test over 30 instances: change -1.0000, 90% interval [-1.0000, -1.0000], "
+        "one-sided p=0 for a drop, significant drop** |"
     ) in md
     assert "Flips: 30 regressed, 0 improved." in md
     assert len(render_text(cmp)) < 60  # the terminal keeps to the top 20
@@ -192,6 +191,7 @@ def test_markdown_of_tasks_in_one_run(runs):
     assert "- only in base: gone" in md
     assert "- only in new: added" in md
     assert "| --- | --- | --- | --- | --- | --- | --- | --- |" in md
+    assert "| metric | base [95% CI] | new [95% CI] | new - base | paired test |" in md
 
 
 def test_in_memory_snapshot_takes_the_same_path(runs):
@@ -238,7 +238,7 @@ def test_metrics_in_one_run_only_and_partial_coverage():
     new = RunSnapshot("b", {"t": TaskSnapshot({"acc": 1.0}, {"x": {"acc": 1.0}, "z": {"acc": 1.0}})})
     (t,) = compare_runs(base, new).tasks
     acc, f1 = t.metrics
-    assert (acc.paired.n, acc.paired.mean, acc.paired.lo) == (1, 0.0, None)
+    assert (acc.paired.n, acc.paired.estimate, acc.paired.lo) == (1, 0.0, None)
     assert (f1.base, f1.new, f1.delta, f1.paired.n) == (0.2, None, None, 0)
     assert (t.num_base, t.num_new, t.num_both) == (2, 2, 1)
     lines = render_text(compare_runs(base, new))
@@ -279,8 +279,9 @@ def test_swapping_the_runs_mirrors_the_comparison(a, b):
     assert len(ab.regressed) == len(ba.improved)
     p, q = ab.metrics[0].paired, ba.metrics[0].paired
     assert p.n == q.n
-    if p.mean is not None:
-        assert q.mean == -p.mean
+    if p.estimate is not None:
+        assert q.estimate == -p.estimate
+        assert (q.significant_drop, q.significant_gain) == (p.significant_gain, p.significant_drop)
     if p.lo is not None:
         assert (q.lo, q.hi) == (-p.hi, -p.lo)
     changes = [f.change for f in ab.regressed]
@@ -312,6 +313,9 @@ def test_the_example_saved_run_reads():
     )
     assert arith.prompts["arith-00"] == "Question: What is 22 + 6?"
     assert arith.answers["arith-00"] == "The answer is 28."
+    elo = snap.tasks["quiz_elo"].elo
+    assert elo is not None and elo.seed == 7 and len(elo.judged()) == 24
+    assert elo.mean_verdicts("q-arith-00", {"ref-800", "ref-1000"}) == 0.75  # a win and a tie
 
 
 # ---------------------------------------------------------------- bad input
@@ -496,3 +500,91 @@ def test_cli_does_not_import_pytest(runs):
 def test_main_in_process(runs, capsys):
     assert main(["compare", *map(str, runs)]) == 0
     assert "flips: 2 regressed, 1 improved" in capsys.readouterr().out
+
+
+def test_cli_alpha_is_the_gates_level(runs, capsys):
+    assert main(["compare", *map(str, runs), "--alpha", "0.01"]) == 0
+    assert "paired t-test over 6 instances: change -0.0833, 98% interval [" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", *map(str, runs), "--alpha", "0.5"])
+    assert exit_.value.code == 2
+    assert "must be between 0 and 0.5" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- an EloEval (issue #17, case 5)
+
+
+def _elo_run_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """The example run dir as base, and a copy whose judge turned q-arith-00's
+    verdicts to losses and q-arith-08's to wins (its rating refitted to match)."""
+    import shutil
+
+    from pytest_evalreplay.elo import fit_elo, table_from_json
+
+    base, new = tmp_path / "base", tmp_path / "new"
+    shutil.copytree(REPO / "examples" / "saved_run", base)
+    shutil.copytree(REPO / "examples" / "saved_run", new)
+    path = new / "quiz_elo-metrics.json"
+    doc = orjson.loads(path.read_bytes())
+    cells = doc["elo"]["table"]["tasks"]
+    cells["q-arith-00"] = {ref: [0, 0, 1] for ref in cells["q-arith-00"]}
+    cells["q-arith-08"] = {ref: [1, 0, 0] for ref in cells["q-arith-08"]}
+    doc["elo"]["rating"] = doc["metrics"]["elo"] = fit_elo(
+        table_from_json(doc["elo"]["table"], "t"), n_boot=0
+    ).rating
+    path.write_bytes(orjson.dumps(doc))
+    predictions = new / "quiz_elo-predictions.jsonl"
+    rows = [orjson.loads(line) for line in predictions.read_bytes().splitlines()]
+    for row in rows:
+        if row["instance_id"] in ("q-arith-00", "q-arith-08"):
+            verdict = 0.0 if row["instance_id"] == "q-arith-00" else 1.0
+            row["scores"] = {ref: verdict for ref in row["scores"]}
+            row["sample_scores"] = [dict(row["scores"])]
+    predictions.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return base, new
+
+
+def test_an_elo_eval_lists_the_tasks_whose_verdicts_flipped(tmp_path):
+    """Compare of an EloEval once said "24 instances scored in both runs", then
+    "no instance scored by both runs", and listed no flipped verdict."""
+    cmp = compare_run_dirs(*_elo_run_pair(tmp_path))
+    elo = next(t for t in cmp.tasks if t.task == "quiz_elo")
+    assert [(f.instance_id, f.base, f.new) for f in elo.flips] == [
+        ("q-arith-00", 0.625, 0.0),
+        ("q-arith-08", 0.125, 1.0),
+    ]
+    assert (elo.num_base, elo.num_new, elo.num_both) == (24, 24, 24)
+    (rating,) = elo.metrics
+    assert (rating.metric, rating.base) == ("elo", pytest.approx(1126.53, abs=0.01))
+    assert rating.new > rating.base  # one task lost, one won: the rating rose
+    # The gate's paired bootstrap over the tasks both judged: all of them here, so it is the difference.
+    paired = rating.paired
+    assert (paired.name, paired.n, paired.unit) == ("paired bootstrap of the rating", 24, "task")
+    assert paired.estimate == pytest.approx(rating.delta)
+    assert not paired.significant_drop
+    text = "\n".join(render_text(cmp))
+    assert "no instance scored by both runs" not in text
+    assert "quiz_elo: 24 tasks judged in both runs" in text
+    assert (
+        f"paired bootstrap of the rating over 24 tasks: change {paired.estimate:+.1f}, 95% interval [" in text
+    )
+    assert "- q-arith-00 [mean verdict 0.625 -> 0]" in text
+    assert "+ q-arith-08 [mean verdict 0.125 -> 1]" in text
+    assert "q-arith-00" in render_markdown(cmp)
+
+
+@pytest.mark.parametrize(
+    ("block", "what"),
+    [
+        (5, "'elo' must be an object with the judgments' 'table'"),
+        ({"table": {"references": {"r": 1000.0}, "tasks": {"x": {"r": [1, 2]}}}}, "elo.table: task 'x'"),
+        ({"table": {"references": {"s": 900.0}, "tasks": {"x": {"r": [1, 0, 0]}}}}, "names reference 'r'"),
+    ],
+)
+def test_a_bad_elo_block_names_the_file(runs, block, what):
+    base, new = runs
+    path = new / "qa-metrics.json"
+    doc = orjson.loads(path.read_bytes())
+    path.write_bytes(orjson.dumps({**doc, "elo": block}))
+    message = _message(compare_run_dirs, base, new)
+    assert str(path) in message and what in message

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from pytest_evalreplay import Gate
 from pytest_evalreplay.baseline import read, update
-from pytest_evalreplay.gates import BaselineTask, evaluate, paired_drop
+from pytest_evalreplay.compare import RunSnapshot, TaskSnapshot, compare_runs
+from pytest_evalreplay.compare_render import render_text
+from pytest_evalreplay.gates import BaselineTask, PairedDrop, evaluate
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.stats import paired_test
 
 
 def judge(gate, scores, baseline=None, failed=0, budget=0.0):
@@ -37,7 +42,7 @@ def test_failure_budget():
 def test_paired_drop_detects_a_real_regression():
     base = {f"i{n}": 1.0 for n in range(60)}
     now = {f"i{n}": (0.0 if n < 15 else 1.0) for n in range(60)}
-    result = paired_drop(now, base)
+    result = paired_test(now, base)
     assert result.n == 60
     assert result.drop == pytest.approx(0.25)
     assert result.p_value < 0.001
@@ -76,7 +81,7 @@ def test_a_drop_within_max_drop_passes_even_if_significant():
 
 def test_identical_runs_and_improvements_pass():
     base = {f"i{n}": float(n % 2) for n in range(30)}
-    assert paired_drop(base, base).p_value == 1.0
+    assert paired_test(base, base).p_value == 1.0
     better = {k: 1.0 for k in base}
     assert judge(Gate("acc", max_drop=0.0), better, BaselineTask({"acc": 0.5}, base, "acc")).passed
 
@@ -90,6 +95,8 @@ def test_baseline_without_pairable_scores_fails_with_the_fix():
 def test_bad_gates():
     with pytest.raises(EvalReplayError, match="alpha"):
         Gate("acc", alpha=1.5)
+    with pytest.raises(EvalReplayError, match=r"between 0 and 0.5: the level of a one-sided test"):
+        Gate("acc", alpha=0.5)
     with pytest.raises(EvalReplayError, match="max_drop"):
         Gate("acc", max_drop=-0.1)
 
@@ -123,3 +130,72 @@ def test_bad_baseline_files_name_the_file(tmp_path, content, message):
     with pytest.raises(EvalReplayError, match=message) as exc:
         read(path)
     assert str(path) in str(exc.value)
+
+
+# ---------------------------------------------------------------- one paired test (issue #17, case 3)
+
+
+def flipped(down: int, up: int, n: int = 20) -> tuple[dict[str, float], dict[str, float]]:
+    """(current, baseline) over n instances: `down` flip 1 -> 0, `up` flip 0 -> 1, the rest stay 1."""
+    base = {f"i{k:02d}": (0.0 if down <= k < down + up else 1.0) for k in range(n)}
+    now = {iid: (1.0 - v if k < down + up else v) for k, (iid, v) in enumerate(base.items())}
+    return now, base
+
+
+@pytest.mark.parametrize(("down", "up"), [(4, 0), (6, 1)])
+def test_the_gate_and_compare_agree_on_a_paired_drop(down, up):
+    """Once the gate said p=0.070 (pass) where compare showed a significant drop,
+    and p=0.0497 (fail) where compare's interval held 0: one test decides both."""
+    now, base = flipped(down, up)
+    gate = judge(Gate("acc", max_drop=0.05), now, BaselineTask({"acc": sum(base.values()) / 20}, base, "acc"))
+
+    def snapshot(label: str, scores: dict[str, float]) -> RunSnapshot:
+        per_instance = {iid: {"acc": v} for iid, v in scores.items()}
+        return RunSnapshot(label, {"t": TaskSnapshot({"acc": sum(scores.values()) / 20}, per_instance)})
+
+    cmp = compare_runs(snapshot("base", base), snapshot("new", now))
+    text = "\n".join(render_text(cmp))
+    assert gate.passed == ("significant drop" not in text)
+    (acc,) = cmp.tasks[0].metrics
+    assert acc.paired == gate.paired  # the same test, the same numbers
+    assert not gate.passed and acc.paired.significant_drop  # both are real drops by the paired t-test
+    shown = acc.paired.describe()
+    assert shown.startswith("paired t-test") and shown in gate.describe() and shown in text
+
+
+def test_the_gate_names_the_test_estimate_interval_and_p():
+    now, base = flipped(4, 0)
+    text = judge(Gate("acc", max_drop=0.05), now, BaselineTask({"acc": 1.0}, base, "acc")).describe()
+    assert (
+        "baseline 1.0000, max_drop 0.05 at alpha 0.05: paired t-test over 20 instances: change -0.2000, "
+        "90% interval [-0.3587, -0.0413], one-sided p=0.021 for a drop"
+    ) in text
+    assert "acc dropped 0.2000 below the baseline over 20 paired instances" in text
+
+
+def test_a_stricter_alpha_narrows_what_fails_and_widens_the_interval():
+    now, base = flipped(4, 0)
+    outcome = judge(Gate("acc", max_drop=0.05, alpha=0.01), now, BaselineTask({"acc": 1.0}, base, "acc"))
+    assert outcome.passed
+    assert outcome.paired.confidence == pytest.approx(0.98)
+    assert outcome.paired.hi > 0 and outcome.paired.p_value > 0.01
+
+
+def test_an_elo_drop_from_elsewhere_is_judged_and_printed_the_same_way():
+    """elorun hands the rating's paired bootstrap in as a PairedDrop (with or without its interval)."""
+    gate = Gate("elo", max_drop=30)
+    baseline = BaselineTask({"elo": 1200.0}, elo={"table": {}})
+    drop = PairedDrop(n=20, drop=40.0, p_value=0.01, interval=(10.0, 70.0))
+    outcome = evaluate("e", gate, {"elo": 1160.0}, {}, 20, 0, 0.0, baseline, paired=drop)
+    assert not outcome.passed and outcome.dropped
+    assert (
+        "paired bootstrap of the rating over 20 tasks: change -40.0, 95% interval [-70.0, -10.0], "
+        "one-sided p=0.01 for a drop"
+    ) in outcome.describe()
+    assert "elo dropped 40.0 below the baseline over 20 paired tasks" in outcome.reasons[0]
+    bare = evaluate("e", gate, {"elo": 1190.0}, {}, 20, 0, 0.0, baseline, paired=PairedDrop(20, 10.0, 0.2))
+    assert bare.passed and "change -10.0, no interval, one-sided p=0.2 for a drop" in bare.describe()
+    nothing = evaluate(
+        "e", gate, {"elo": 1190.0}, {}, 20, 0, 0.0, baseline, paired=PairedDrop(0, math.nan, 1.0)
+    )
+    assert nothing.reasons == ("no task was scored by both this run and the baseline",)

@@ -1,0 +1,205 @@
+"""Live generation progress: a line per task on the terminal (`TerminalProgress`),
+and under pytest-xdist the workers' progress files (`FileProgress`) that the
+controller reads and prints (`ProgressWatcher`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pytest_evalreplay.files import atomic_write
+from pytest_evalreplay.model import EvalReplayError
+
+TTY_INTERVAL = 0.25
+PROGRESS_DIR = ".evalreplay-progress"
+
+
+class TerminalProgress:
+    """Live generation progress, per task: requests done / total, samples,
+    failures, tokens per second, elapsed and ETA. On a terminal one line that
+    updates in place; in a log, a line every `interval` seconds; nothing under
+    -q. Written with capture suspended, as pytest's live logging does."""
+
+    def __init__(self, config: pytest.Config, quiet: bool, replay: bool, interval: float) -> None:
+        self.tr = config.pluginmanager.get_plugin("terminalreporter")
+        self.capman = config.pluginmanager.get_plugin("capturemanager")
+        self.enabled = self.tr is not None and not quiet and not replay
+        self.tty = bool(self.tr is not None and getattr(self.tr, "isatty", False))
+        self.interval = TTY_INTERVAL if self.tty else interval
+        self._state: dict[
+            str, tuple[float, float, int, int]
+        ] = {}  # task -> (start, last shown, req, samples)
+
+    def start(self, task: str, requests: int, samples: int) -> None:
+        now = time.monotonic()
+        self._state[task] = (now, now, requests, samples)
+
+    def update(self, task: str, requests: int, samples: int, failures: int, tokens: int) -> None:
+        if not self.enabled or task not in self._state:
+            return
+        start, last, total, total_samples = self._state[task]
+        now = time.monotonic()
+        if now - last < self.interval:
+            return
+        self._state[task] = (start, now, total, total_samples)
+        self._show(
+            self._line(task, now - start, requests, total, samples, total_samples, failures, tokens), False
+        )
+
+    def end(self, task: str) -> None:
+        state = self._state.pop(task, None)
+        if self.enabled and self.tty and state is not None:
+            self._show("", True)
+
+    @staticmethod
+    def _line(
+        task: str,
+        elapsed: float,
+        done: int,
+        total: int,
+        samples: int,
+        total_samples: int,
+        failures: int,
+        tokens: int,
+    ) -> str:
+        rate = f", {tokens / elapsed:,.0f} tok/s" if tokens and elapsed > 0 else ""
+        eta = ""
+        if 0 < done < total and elapsed > 0:
+            eta = f", ETA {_clock(elapsed * (total - done) / done)}"
+        return (
+            f"evalreplay: {task}: {done:,}/{total:,} requests ({samples:,}/{total_samples:,} samples), "
+            f"{failures:,} failed{rate}, {_clock(elapsed)} elapsed{eta}"
+        )
+
+    def _show(self, line: str, final: bool) -> None:
+        assert self.tr is not None
+
+        def write() -> None:
+            if self.tty:
+                if final:
+                    self.tr.write("\n")
+                else:
+                    self.tr.rewrite(line, erase=True)
+            else:
+                self.tr.write_line(line)
+
+        if self.capman is None:
+            write()
+            return
+        with self.capman.global_and_fixture_disabled():
+            write()
+
+
+class FileProgress:
+    """A pytest-xdist worker's progress, written where the controller reads it
+    (`<output>/.evalreplay-progress/<worker>.json`), at most every `interval`."""
+
+    def __init__(self, directory: Callable[[], Path], worker: str, interval: float) -> None:
+        self._directory = directory
+        self.worker = worker
+        self.interval = interval
+        self._start: dict[str, tuple[float, int, int]] = {}
+        self._last = 0.0
+
+    def _write(self, doc: dict[str, Any]) -> None:
+        try:
+            folder = self._directory() / PROGRESS_DIR
+            folder.mkdir(exist_ok=True)
+            atomic_write(folder / f"{self.worker}.json", orjson.dumps(doc))
+        except (OSError, EvalReplayError):
+            pass  # progress is a courtesy: never fail a run over it
+
+    def start(self, task: str, requests: int, samples: int) -> None:
+        self._start[task] = (time.monotonic(), requests, samples)
+
+    def update(self, task: str, requests: int, samples: int, failures: int, tokens: int) -> None:
+        now = time.monotonic()
+        if task not in self._start or now - self._last < self.interval / 2:
+            return
+        self._last = now
+        start, total, total_samples = self._start[task]
+        self._write(
+            {
+                "task": task,
+                "requests": requests,
+                "total": total,
+                "samples": samples,
+                "total_samples": total_samples,
+                "failures": failures,
+                "tokens": tokens,
+                "elapsed": now - start,
+                "seq": now,
+            }
+        )
+
+    def end(self, task: str) -> None:
+        self._start.pop(task, None)
+        self._write({"task": task, "done": True, "seq": time.monotonic()})
+
+
+class ProgressWatcher:
+    """The pytest-xdist controller's view of its workers' generation progress:
+    a thread reads their progress files every `interval` seconds and writes a
+    line per worker that moved."""
+
+    def __init__(self, config: pytest.Config, directory: Path, interval: float) -> None:
+        self.tr = config.pluginmanager.get_plugin("terminalreporter")
+        self.folder = directory / PROGRESS_DIR
+        self.interval = max(interval, 0.2)
+        self._stop = threading.Event()
+        self._seen: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._run, name="evalreplay-progress", daemon=True)
+
+    def start(self) -> None:
+        if self.tr is not None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for line in self.poll():
+                self.tr.write_line(line)
+
+    def poll(self) -> list[str]:
+        lines = []
+        try:
+            paths = sorted(self.folder.glob("*.json"))
+        except OSError:
+            return lines
+        for path in paths:
+            try:
+                doc = orjson.loads(path.read_bytes())
+            except (OSError, orjson.JSONDecodeError):
+                continue
+            seq = doc.get("seq", 0)
+            if doc.get("done") or self._seen.get(path.stem) == seq:
+                continue
+            self._seen[path.stem] = seq
+            line = TerminalProgress._line(
+                doc["task"],
+                doc["elapsed"],
+                doc["requests"],
+                doc["total"],
+                doc["samples"],
+                doc["total_samples"],
+                doc["failures"],
+                doc["tokens"],
+            )
+            lines.append(line.replace("evalreplay: ", f"evalreplay: [{path.stem}] ", 1))
+        return lines
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

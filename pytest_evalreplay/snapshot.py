@@ -1,0 +1,321 @@
+"""What a comparison reads: a run as plain data (`RunSnapshot`), and the
+reader of saved run dirs into one (`load_run_dir`).
+
+The plugin builds the snapshot of a run in progress from memory; a saved run
+dir is read here, every unreadable or malformed file an EvalReplayError that
+names it (and the line). An EloEval's task also carries its judgments' table
+(metrics.json's `elo` block), which pairs its tasks between two runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pytest_evalreplay.files import jsonl_lines, read_bytes
+from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.snippets import prompt_line, trim
+from pytest_evalreplay.task import TASK_NAME
+
+FORMAT = "evalreplay/1"
+
+
+@dataclass(frozen=True)
+class EloSnapshot:
+    """An EloEval's judgments as metrics.json's `elo` block holds them.
+
+    `table`: {"references": {name: rating}, "tasks": {task id: {reference:
+    [wins, ties, losses]}}} (`elo.table_to_json`); `seed`: the eval's seed (the
+    paired bootstrap draws with it, as the gate does); `ci95`: the rating's
+    interval (an end may be None: a one-sided limit).
+    """
+
+    table: Mapping[str, Any]
+    seed: int | None = None
+    ci95: tuple[float | None, float | None] = (None, None)
+
+    def mean_verdicts(self, task: str, references: set[str]) -> float | None:
+        """The candidate's mean verdict on `task` against `references` (a win
+        1, a tie 0.5, a loss 0); None when it was not judged against any of them."""
+        cells = self.table["tasks"].get(task, {})
+        total = score = 0.0
+        for ref in references:
+            if ref in cells:
+                wins, ties, losses = cells[ref]
+                total += wins + ties + losses
+                score += wins + ties / 2
+        return score / total if total else None
+
+    def judged(self) -> dict[str, set[str]]:
+        """Each judged task's references."""
+        return {task: set(cells) for task, cells in self.table["tasks"].items() if cells}
+
+
+@dataclass(frozen=True)
+class TaskSnapshot:
+    """One task of one run: what a comparison needs, nothing else.
+
+    `metrics`: the task's aggregate metrics ({name: value}).
+    `scores`: each instance's scores, each the mean over its rollouts
+    ({instance_id: {metric: value}}); an instance that was not scored is absent.
+    `prompts`: each instance's prompt, a string or a list of chat messages
+    (only its first line is used, see `prompt_line`); may be partial or empty.
+    `answers`: each instance's first generation's text (may be partial or empty;
+    `load_run_dir` keeps a long one's start and end only).
+    The order of `scores` is the instance order used to break ties in listings.
+    `elo`: an EloEval's judgments (None for a plain task).
+    """
+
+    metrics: Mapping[str, float]
+    scores: Mapping[str, Mapping[str, float]]
+    prompts: Mapping[str, Any] = field(default_factory=dict)
+    answers: Mapping[str, str] = field(default_factory=dict)
+    elo: EloSnapshot | None = None
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """A run to compare: a label for reports (a path, "this run"), the model
+    name if known, and its tasks by name."""
+
+    label: str
+    tasks: Mapping[str, TaskSnapshot]
+    model: str | None = None
+
+
+# ---------------------------------------------------------------- reading run dirs
+
+
+def load_run_dir(path: Path) -> RunSnapshot:
+    """Read a pytest-evalreplay run dir into a snapshot. Every unreadable or
+    malformed file is an EvalReplayError naming it (and the line)."""
+    path = Path(path)
+    if not path.exists():
+        raise EvalReplayError(
+            f"{path}: no such run dir (pass a directory a run wrote with --evalreplay-output)"
+        )
+    if not path.is_dir():
+        raise EvalReplayError(f"{path}: not a directory (pass a run dir, the folder holding manifest.json)")
+    manifest = path / "manifest.json"
+    if not manifest.is_file():
+        raise EvalReplayError(_foreign(path))
+    doc = _load_json(manifest)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else None
+        raise EvalReplayError(
+            f"{manifest}: not a pytest-evalreplay manifest (format {found!r}, expected {FORMAT!r})"
+        )
+    tasks = doc.get("tasks")
+    if not isinstance(tasks, list) or not all(isinstance(t, str) and TASK_NAME.fullmatch(t) for t in tasks):
+        raise EvalReplayError(f"{manifest}: 'tasks' must be a list of task names ([A-Za-z0-9_.-]+)")
+    model = doc.get("model")
+    return RunSnapshot(
+        label=str(path),
+        tasks={t: _load_task(path, t) for t in sorted(set(tasks))},
+        model=model if isinstance(model, str) else None,
+    )
+
+
+def _foreign(path: Path) -> str:
+    hint = (
+        "compare reads run dirs written by pytest-evalreplay; to compare another harness's saves, "
+        "rescore them into one first: pytest --evalreplay-predictions=SAVES --evalreplay-output=RUN_DIR"
+    )
+    if (path / "predictions").is_dir():
+        what = "looks like an olmo-eval results dir"
+    elif any(path.glob("samples_*.jsonl")):
+        what = "looks like lm-evaluation-harness samples"
+    elif any(path.glob("*-predictions.jsonl")):
+        what = "has predictions files but no manifest.json (a run that never finished writing?)"
+    else:
+        what = "has no manifest.json, so it is not a pytest-evalreplay run dir"
+    return f"{path}: {what}; {hint}"
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return orjson.loads(read_bytes(path))
+    except orjson.JSONDecodeError as exc:
+        raise EvalReplayError(f"{path}: not valid JSON ({exc}); fix the file or run the task again") from None
+
+
+def _bad(where: str, what: str) -> EvalReplayError:
+    return EvalReplayError(f"{where}: {what}")
+
+
+def _scores(value: Any, where: str, name: str) -> dict[str, float]:
+    """A {metric: number} object from a saved file (bools count as 0/1)."""
+    if not isinstance(value, dict):
+        raise _bad(where, f"{name!r} must be an object of metric -> number")
+    for v in value.values():
+        if type(v) is not float:
+            break
+    else:
+        return value  # the common case: what the plugin writes, all floats
+    out: dict[str, float] = {}
+    for metric, score in value.items():
+        if isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise _bad(where, f"{name!r}: {metric!r} must be a number, got {score!r}")
+        out[metric] = float(score)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Saved:
+    """What one predictions row contributes: small, the row itself is not kept.
+    `rollouts` and `sample_scores` are read (and checked) only when an
+    instance has several rows to pool."""
+
+    stage: int
+    scores: dict[str, float]
+    num_generations: int
+    rollouts: Any
+    sample_scores: Any
+    lineno: int
+
+
+def _load_task(directory: Path, task: str) -> TaskSnapshot:
+    metrics_path = directory / f"{task}-metrics.json"
+    predictions_path = directory / f"{task}-predictions.jsonl"
+    requests_path = directory / f"{task}-requests.jsonl"
+    if not metrics_path.is_file():
+        raise EvalReplayError(
+            f"{metrics_path}: missing; manifest.json lists task {task!r}, but its run never finished "
+            "(finish it with pytest --resume, or compare a complete run dir)"
+        )
+    doc = _load_json(metrics_path)
+    if not isinstance(doc, dict):
+        raise _bad(str(metrics_path), "must be a JSON object with 'metrics'")
+    metrics = _scores(doc.get("metrics"), str(metrics_path), "metrics")
+    elo = _elo_snapshot(doc.get("elo"), metrics_path)
+
+    # Most instances have one row; only the others keep a list (fewer objects, faster).
+    first: dict[str, _Saved] = {}
+    more: dict[str, list[_Saved]] = {}
+    answers: dict[str, str] = {}  # from the instance's row of the earliest stage
+    answer_stage: dict[str, int] = {}
+    for lineno, _, row in jsonl_lines(predictions_path, read_bytes(predictions_path)):
+        iid, text, saved = _prediction_row(row, predictions_path, lineno)
+        earlier = first.setdefault(iid, saved)
+        if earlier is saved:
+            answers[iid] = trim(text)
+            continue
+        more.setdefault(iid, [earlier]).append(saved)
+        if saved.stage < answer_stage.get(iid, earlier.stage):
+            answers[iid] = trim(text)
+            answer_stage[iid] = saved.stage
+    instance_scores = {
+        iid: _pooled_scores(iid, more[iid], predictions_path) if iid in more else saved.scores
+        for iid, saved in first.items()
+    }
+
+    prompts: dict[str, str] = {}
+    if requests_path.exists():
+        first_stage: dict[str, int] = {}
+        for lineno, _, row in jsonl_lines(requests_path, read_bytes(requests_path)):
+            if not isinstance(row, dict) or not isinstance(row.get("instance_id"), (str, int)):
+                raise _bad(
+                    f"{requests_path}:{lineno}", "a requests row is an object with a string 'instance_id'"
+                )
+            iid = str(row["instance_id"])
+            stage = row.get("stage", 1)
+            if type(stage) is not int:
+                raise _bad(f"{requests_path}:{lineno}", f"'stage' must be an integer, got {stage!r}")
+            if "context" not in row:
+                raise _bad(f"{requests_path}:{lineno}", "a requests row needs its 'context'")
+            if iid not in first_stage or stage < first_stage[iid]:
+                first_stage[iid] = stage
+                prompts[iid] = prompt_line(row["context"])
+    return TaskSnapshot(
+        metrics=metrics,
+        scores=instance_scores,
+        prompts=prompts,
+        answers=answers,
+        elo=elo,
+    )
+
+
+def _elo_snapshot(block: Any, path: Path) -> EloSnapshot | None:
+    """An EloEval's `elo` block (None for a plain task), its table checked."""
+    if block is None:
+        return None
+    if not isinstance(block, dict) or "table" not in block:
+        raise _bad(
+            str(path),
+            "'elo' must be an object with the judgments' 'table'; rewrite the run dir with pytest --resume",
+        )
+    from pytest_evalreplay.elo import table_from_json
+
+    table_from_json(block["table"], f"{path}: elo.table")
+    seed, ci95 = block.get("seed"), block.get("ci95")
+    if not (isinstance(ci95, list) and len(ci95) == 2 and all(x is None or _is_number(x) for x in ci95)):
+        ci95 = [None, None]
+    lo, hi = (None if x is None else float(x) for x in ci95)
+    return EloSnapshot(table=block["table"], seed=seed if type(seed) is int else None, ci95=(lo, hi))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _prediction_row(row: Any, path: Path, lineno: int) -> tuple[str, str, _Saved]:
+    """A predictions row's instance, first generation's text, and what it contributes."""
+    if not isinstance(row, dict):
+        raise _bad(f"{path}:{lineno}", "a predictions row must be a JSON object")
+    iid = row.get("instance_id")
+    if not isinstance(iid, (str, int)) or isinstance(iid, bool):
+        raise _bad(f"{path}:{lineno}", "a predictions row needs a string 'instance_id'")
+    gens = row.get("generations")
+    if not isinstance(gens, list):
+        raise _bad(f"{path}:{lineno}", "'generations' must be a list")
+    if gens and not (isinstance(gens[0], dict) and isinstance(gens[0].get("text"), str)):
+        raise _bad(f"{path}:{lineno}", "a generation must be an object with a string 'text'")
+    stage = row.get("stage", 1)
+    if type(stage) is not int:
+        raise _bad(f"{path}:{lineno}", f"'stage' must be an integer, got {stage!r}")
+    scores = _scores(row.get("scores", {}), f"{path}:{lineno}", "scores")
+    saved = _Saved(stage, scores, len(gens), row.get("rollouts"), row.get("sample_scores"), lineno)
+    return str(iid), gens[0]["text"] if gens else "", saved
+
+
+def _samples(iid: str, saved: _Saved, where: str) -> list[tuple[int, dict[str, float]]]:
+    """A row's samples as (rollout, scores); a null entry of `sample_scores`
+    (a generation whose scoring failed) has no scores, never a 0."""
+    n = saved.num_generations
+    rollouts = list(range(n)) if saved.rollouts is None else saved.rollouts
+    if not isinstance(rollouts, list) or len(rollouts) != n or any(type(r) is not int for r in rollouts):
+        raise _bad(where, "'rollouts' must list one sample index per generation")
+    raw = saved.sample_scores
+    if raw is None:
+        raise _bad(
+            where,
+            f"instance {iid!r} has several predictions rows and this one has no 'sample_scores', "
+            "so its samples cannot be pooled; rewrite the run dir with pytest --resume",
+        )
+    if not isinstance(raw, list) or len(raw) != n:
+        raise _bad(where, "'sample_scores' must hold one object (or null) per generation")
+    return [
+        (r, {} if s is None else _scores(s, where, "sample_scores"))
+        for r, s in zip(rollouts, raw, strict=True)
+    ]
+
+
+def _pooled_scores(iid: str, rows: list[_Saved], path: Path) -> dict[str, float]:
+    """The scores of an instance with several rows (several stages, or a
+    crashed run's batches): the mean over all its samples, a sample saved
+    twice counting once (the later save wins), like the plugin's own aggregation.
+    An instance with one row has that row's `scores`."""
+    pooled: dict[tuple[int, int], dict[str, float]] = {}
+    for saved in rows:
+        for rollout, sample in _samples(iid, saved, f"{path}:{saved.lineno}"):
+            pooled[(saved.stage, rollout)] = sample
+    values: dict[str, list[float]] = {}
+    for sample in pooled.values():
+        for metric, value in sample.items():
+            values.setdefault(metric, []).append(value)
+    return {metric: math.fsum(v) / len(v) for metric, v in sorted(values.items())}
