@@ -166,11 +166,6 @@ class LlmJudge:
         candidate_is = "A" if trial % 2 == 0 else "B"
         return Verdict(1.0 if label == candidate_is else 0.0, label)
 
-    def score(self, text: str, trial: int) -> tuple[float | None, str]:
-        """`verdict`'s (score, label), for the ELO driver until it reads `verdict` itself."""
-        v = self.verdict(text, trial)
-        return v.score, v.label
-
     def _last_match(self, text: str) -> str | None:
         matches = re.findall(self.pattern, text)
         return str(matches[-1]).strip().upper() if matches else None
