@@ -309,6 +309,7 @@ def test_a_bad_manifest_is_named(tmp_path: Path, manifest: bytes, expected: str)
     assert expected in load_error(tmp_path)
 
 
+@pytest.mark.slow  # 200 MB written and read three times
 def test_a_200_mb_single_line_is_read_or_refused_quickly(tmp_path: Path) -> None:
     big = "x" * (200 << 20)
     path = run_dir(
@@ -609,6 +610,7 @@ def baseline_error(path: Path) -> str:
     return str(info.value)
 
 
+@pytest.mark.slow  # 200 MB written and read
 def test_a_200_mb_baseline_line_is_refused_quickly(tmp_path: Path) -> None:
     message = baseline(tmp_path, b'{"format": "evalreplay-baseline/1", "tasks": {"' + b"q" * (200 << 20))
     assert "malformed JSON" in message and len(message) < 1000

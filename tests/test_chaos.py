@@ -27,7 +27,8 @@ message gives the resolved event numbers and each run's exit code; `-k
 seed1215` reruns one scenario, `-rP` shows where each kill landed. The xdist
 variants (`-n2`, `*:kind@f`) SIGKILL whichever worker first reaches the
 event, not the session. Scenarios run two at a time in background threads
-(the file takes about half as long on two cores).
+(the file takes about half as long on two cores). They are marked `slow`:
+`pytest --run-slow` or `-m slow` runs them (CI does, once).
 """
 
 from __future__ import annotations
@@ -288,6 +289,7 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     lab.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sc", ALL + XDIST, ids=str)
 def test_killed_and_resumed_ends_as_the_uninterrupted_run(lab: Lab, sc: Scenario) -> None:
     if sc.workers:
@@ -309,6 +311,7 @@ def test_the_scenarios_cover_every_kill_kind_of_both_suites_and_providers() -> N
     assert {(sc.suite, sc.workers) for sc in XDIST} == {("tasks", 2), ("elo", 2)}
 
 
+@pytest.mark.slow
 def test_the_uninterrupted_runs_hold_the_failures_the_kills_cross(lab: Lab) -> None:
     tasks, run = lab.baseline("tasks", "plain")
     counts, _ = run.totals()
@@ -332,6 +335,7 @@ def test_the_uninterrupted_runs_hold_the_failures_the_kills_cross(lab: Lab) -> N
 # with a function judge writes journal rows twice. Each fails until fixed.
 
 
+@pytest.mark.slow
 def test_an_xdist_elo_run_records_its_seed_once(lab: Lab) -> None:
     """Each worker decides at collection, from its own snapshot of the
     journal, that the drawn seed is not recorded yet (`elorun.seed_rows`),
@@ -342,6 +346,7 @@ def test_an_xdist_elo_run_records_its_seed_once(lab: Lab) -> None:
     assert len(seeds) == 1, seeds
 
 
+@pytest.mark.slow
 def test_an_xdist_elo_run_judges_each_rollout_once(lab: Lab) -> None:
     """A worker that needs a stage complete (to plan the next) judges each of
     the stage's rollouts it has not judged itself (`EloDriver.complete_stage`

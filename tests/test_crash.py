@@ -1,12 +1,14 @@
-"""Crash safety: runs killed with SIGKILL (and SIGTERM) at several points,
-then resumed, end with the run dir of an uninterrupted run, and never ask
-the provider again for a rollout that was already saved.
+"""Crash safety: a run ended by SIGTERM, and a run killed twice (the resume
+killed too), then resumed, end with the run dir of an uninterrupted run, and
+never ask the provider again for a rollout that was already saved.
+
+SIGKILL at each kind of moment (a provider call, a journal append or a run
+dir write, torn or not) is tests/test_chaos.py's job; these are the two
+fixed cases it does not draw.
 
 Each run is a real `python -m pytest` process (a signal to an in-process
 pytester run would kill the test session too). The project's conftest kills
-its own process when an environment variable says so: at the Nth provider
-call, while appending the Nth journal batch (leaving half a row), or at the
-Nth atomic run dir write (after it, or leaving half a temp file).
+its own process at the Nth provider call when an environment variable says so.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from subprocess_pytest import PYTEST, child_env
 
 CONFTEST = """
 import os, signal, orjson
-from pytest_evalreplay import Generation, GenerationError, journal, rundir
+from pytest_evalreplay import Generation, GenerationError
 
 def env(name):
     return int(os.environ.get(name, "0"))
@@ -48,41 +50,11 @@ class Counting:
 def pytest_evalreplay_make_provider(config, kind):
     return Counting() if kind == "counting" else None
 
-_append, appends = journal.append_durably, 0
-
-def append(path, blob):
-    global appends
-    appends += bool(blob)
-    if blob and appends and appends == env("KILL_AT_APPEND"):
-        with open(path, "ab") as fh:
-            fh.write(blob[: len(blob) // 2])
-        die()
-    _append(path, blob)
-
-journal.append_durably = append
-
-_write, writes = rundir.atomic_write, 0
-
-def atomic_write(path, data):
-    data = data if isinstance(data, bytes) else b"".join(data)
-    global writes
-    writes += not path.name.startswith(".")  # run dir files only, not the session holder
-    if writes and writes == env("KILL_AT_WRITE") and not path.name.startswith("."):
-        if os.environ.get("TEAR"):
-            path.with_name(f".{path.name}.torn.tmp").write_bytes(data[: len(data) // 2])
-        else:
-            _write(path, data)
-        die()
-    _write(path, data)
-
-rundir.atomic_write = atomic_write
 """
 
 # Provider calls with --evalreplay-batch-size=2, in order:
 #   1 doomed (bad0: terminal error)   2 alpha q0,q1   3 alpha q2,q3   4 alpha bad1 (terminal)
 #   5 beta r0,r1   6 beta r2
-# Run dir writes at the end: doomed 1-3, alpha 4-6, beta 7-9 (requests, predictions,
-# metrics), manifest 10.
 EVALS = """
 from pytest_evalreplay import EvalTask
 
@@ -112,7 +84,7 @@ class Project:
         self.out = path / "out"
 
     def run(self, *args: str, **kill: str) -> subprocess.CompletedProcess[str]:
-        env = child_env(("KILL_", "TEAR"), **kill, CALL_LOG=str(self.log))
+        env = child_env(("KILL_",), **kill, CALL_LOG=str(self.log))
         cmd = [*PYTEST, "--evalreplay-provider=counting", f"--evalreplay-output={self.out}"]
         cmd += ["--evalreplay-batch-size=2", "-q", "-rs", *args]
         return subprocess.run(cmd, cwd=self.path, env=env, capture_output=True, text=True, timeout=120)
@@ -177,16 +149,7 @@ KILL, TERM = -9, -15  # a child's return code when a signal ended it
 
 # name -> the kill of each interrupted run, in order (then one clean --resume).
 SCENARIOS: dict[str, list[dict[str, str]]] = {
-    "before the first row": [{"KILL_AT_CALL": "1"}],
-    "between tasks, after a failure only": [{"KILL_AT_CALL": "2"}],
-    "mid-task": [{"KILL_AT_CALL": "3"}],
-    "between tasks": [{"KILL_AT_CALL": "5"}],
     "mid-task by SIGTERM": [{"KILL_AT_CALL": "6", "KILL_SIGNAL": "SIGTERM"}],
-    "mid-write of a failure row": [{"KILL_AT_APPEND": "1"}],
-    "mid-write of a journal row": [{"KILL_AT_APPEND": "3"}],
-    "between run dir files": [{"KILL_AT_WRITE": "5"}],
-    "mid-write of a run dir file": [{"KILL_AT_WRITE": "8", "TEAR": "1"}],
-    "mid-write of the manifest": [{"KILL_AT_WRITE": "10", "TEAR": "1"}],
     "twice: mid-task, then the resume mid-task": [{"KILL_AT_CALL": "3"}, {"KILL_AT_CALL": "2"}],
 }
 

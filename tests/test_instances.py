@@ -121,6 +121,7 @@ def test_an_iterable_source_names_the_index(tmp_path: Path) -> None:
         load_instances(7, tmp_path)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # 200 MB written and read twice
 def test_a_huge_single_line_is_read(tmp_path: Path) -> None:
     path = tmp_path / "i.jsonl"
     with path.open("wb") as fh:

@@ -284,6 +284,7 @@ def test_xdist_with_the_in_process_vllm_provider_is_refused(pytester):
     result.stderr.fnmatch_lines(["*would load the model in every xdist worker*--evalreplay-provider=openai*"])
 
 
+@pytest.mark.slow  # pytest-xdist in a child pytest
 def test_xdist_controller_shows_the_workers_progress(pytester):
     pytest.importorskip("xdist")
     pytester.makeconftest(

@@ -313,6 +313,7 @@ def test_malformed_instances_file_names_file_and_line(pytester, project):
     result.stdout.fnmatch_lines(["*qs.jsonl:2: not valid JSON*fix or delete that line*"])
 
 
+@pytest.mark.slow  # pytest-xdist workers started
 def test_xdist_workers_notes_and_numbers_reach_the_controller_summary(pytester, project):
     pytest.importorskip("xdist")
     project(n=4)

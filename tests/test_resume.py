@@ -262,6 +262,7 @@ def test_more_samples_generate_only_the_new_rollouts(pytester, project):
     assert project.asked()[ITEMS:] == [("alpha", 2), ("beta", 2)]
 
 
+@pytest.mark.slow  # pytest-xdist workers started
 def test_batch_size_item_order_and_worker_count_do_not_matter(pytester, project, monkeypatch):
     project()
     run(pytester).assert_outcomes(passed=ITEMS)

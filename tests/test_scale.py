@@ -69,6 +69,7 @@ def report_numbers(pytester: pytest.Pytester, name: str) -> list[list[str]]:
     return [[c for i, c in enumerate(cells) if len(cells) != len(header) or i not in drop] for cells in lines]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tasks", [1, 4])
 @pytest.mark.parametrize("dist", ["load", "worksteal"])
 def test_an_xdist_run_saves_what_a_serial_run_saves(pytester, suite, tasks, dist):
@@ -87,6 +88,7 @@ def test_an_xdist_run_saves_what_a_serial_run_saves(pytester, suite, tasks, dist
         assert saved(pytester, "par", name) == saved(pytester, "serial", name)
 
 
+@pytest.mark.slow
 def test_workers_collect_the_same_items_under_resume_and_generate_nothing_twice(pytester, suite):
     suite(2)
     pytester.runpytest("--evalreplay-output=run", "-k", "i001 or i003 or i101 or i103").assert_outcomes(

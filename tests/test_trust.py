@@ -252,7 +252,10 @@ t = EvalTask("t", [{{"id": "{iid}"}}, {{"id": "ok"}}], prompt="Q {{id}}", scorer
 # -- 8: pytest-xdist under every --dist mode ---------------------------------------------
 
 
-@pytest.mark.parametrize("dist", ["load", "worksteal", "loadscope", "loadfile", "loadgroup"])
+# `load` and `worksteal` are tests/test_scale.py's: each rollout generated once
+# and the run dir a serial run writes.
+@pytest.mark.slow
+@pytest.mark.parametrize("dist", ["loadscope", "loadfile", "loadgroup"])
 def test_xdist_generates_each_rollout_once_under_every_dist_mode(pytester, project, dist):
     pytest.importorskip("xdist")
     project.make(n=20, samples=2)
@@ -265,6 +268,7 @@ def test_xdist_generates_each_rollout_once_under_every_dist_mode(pytester, proje
     assert summary_value(result) == f"{project.metrics()['metrics']['score']:.4f}"
 
 
+@pytest.mark.slow
 def test_xdist_copes_with_instance_ids_holding_colons(pytester, project):
     pytest.importorskip("xdist")
     project.make(
