@@ -607,10 +607,12 @@ def draw_stage_tasks(pool_ids: Sequence[str], sizes: Sequence[int | None], seed:
         elif isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise EvalReplayError(f"stage {number}: tasks={size!r}; give an int >= 1, or None for the rest")
         elif size > left:
-            raise EvalReplayError(
-                f"stage {number} asks for {size} tasks but only {left} of the pool's {len(order)} remain "
-                f"after stages 1..{number - 1}; ask for at most {left}"
-            )
+            if number == 1:
+                where = f"the pool has only {len(order)}"
+            else:
+                before = "stage 1" if number == 2 else f"stages 1..{number - 1}"
+                where = f"only {left} of the pool's {len(order)} remain after {before}"
+            raise EvalReplayError(f"stage {number} asks for {size} tasks but {where}; ask for at most {left}")
         stages.append(order[taken : taken + size])
         taken += size
     return stages

@@ -148,7 +148,7 @@ class RolloutItem(TaskItem):
         self.key = key
 
     def runtest(self) -> None:
-        from pytest_evalreplay.session import ProviderExit
+        from pytest_evalreplay.context import ProviderExit
 
         session = session_of(self.config)
         try:
@@ -174,7 +174,7 @@ class GateItem(TaskItem):
         self.user_properties.append(("evalreplay.gate", self.task.name))
 
     def runtest(self) -> None:
-        from pytest_evalreplay.session import ProviderExit
+        from pytest_evalreplay.context import ProviderExit
 
         try:
             outcome = session_of(self.config).gate_outcome(self.task)

@@ -90,6 +90,7 @@ class ScoreRef:
     lineno: int
     judgments: Mapping[str, tuple[float, ...]] | None = None
     no_answer: tuple[str, ...] = ()
+    unreadable: int = 0  # judge replies that could not be read
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,8 +262,15 @@ class JournalIndex:
             no_answer = row.get("no_answer", [])
             if not isinstance(no_answer, list) or not all(isinstance(r, str) for r in no_answer):
                 raise EvalReplayError(f"{where}: 'no_answer' must list reference names; delete that line")
+            unreadable = row.get("unreadable", 0)
+            if type(unreadable) is not int or unreadable < 0:
+                raise EvalReplayError(
+                    f"{where}: 'unreadable' must be a count (an int >= 0); delete that line"
+                )
             run = self._one(_str_field(row, "run", where))
-            self.scores[(key, of)] = ScoreRef(scores, error, run, self.lineno, judgments, tuple(no_answer))
+            self.scores[(key, of)] = ScoreRef(
+                scores, error, run, self.lineno, judgments, tuple(no_answer), unreadable
+            )
         elif kind == "fail":
             failure = Failure.from_row(row, where)
             ref = FailRef(
@@ -420,6 +428,7 @@ def score_row(
     error: str | None,
     judgments: Mapping[str, Sequence[float]] | None = None,
     no_answer: Sequence[str] = (),
+    unreadable: int = 0,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {
         "type": "score",
@@ -437,6 +446,8 @@ def score_row(
         row["judgments"] = {k: list(v) for k, v in judgments.items()}
     if no_answer:
         row["no_answer"] = list(no_answer)
+    if unreadable:
+        row["unreadable"] = unreadable
     return row
 
 

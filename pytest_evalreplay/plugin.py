@@ -112,13 +112,13 @@ class EvalReplayPlugin:
         return self._summary
 
     def _make_session(self) -> EvalSession:
+        from pytest_evalreplay.context import WorkerInfo
         from pytest_evalreplay.items import SESSION_KEY
         from pytest_evalreplay.providers import ProviderHost
         from pytest_evalreplay.report import FileProgress, TerminalProgress
-        from pytest_evalreplay.session import EvalSession, WorkerInfo
+        from pytest_evalreplay.session import EvalSession
 
         config, settings = self.config, self.settings
-        tr = config.pluginmanager.get_plugin("terminalreporter")
         workerinput = getattr(config, "workerinput", None)
         worker = None
         if workerinput is not None:
@@ -132,7 +132,6 @@ class EvalReplayPlugin:
             host=ProviderHost(
                 settings, lambda kind: config.hook.pytest_evalreplay_make_provider(config=config, kind=kind)
             ),
-            notify=(lambda line: tr.write_line(line)) if tr is not None else (lambda line: None),
             progress=(
                 FileProgress(lambda: session.output, workerinput["workerid"], settings.progress_interval)
                 if workerinput is not None
@@ -202,20 +201,13 @@ class EvalReplayPlugin:
                 entry[1].append(item.key)
         collect_only = bool(config.option.collectonly)
         try:
-            self.session.register(
-                [(task, self.session.all_keys(task), keys) for task, keys in tasks.values()],
-                collect_only=collect_only,
-            )
+            self.session.register(list(tasks.values()), collect_only=collect_only)
             deselect: set[tuple[str, tuple[int, str, int]]] = set()
             serial = not hasattr(config, "workerinput")
             if serial and self.settings.resume and not collect_only:
-                failed = self.session.rescore_reused()
+                done = self.session.rescore_reused()
                 if not self.settings.report_reused:
-                    for name, run in self.session.runs.items():
-                        if run.elo is not None:
-                            continue  # an ELO stage's reused items are reported skipped, with their verdicts
-                        keep = set(failed.get(name, ()))
-                        deselect.update((name, key) for key in run.decisions.reuse if key not in keep)
+                    deselect.update((name, key) for name, keys in done.items() for key in keys)
         except EvalReplayError as exc:
             raise pytest.UsageError(str(exc)) from None
         if deselect:
@@ -265,7 +257,7 @@ class EvalReplayPlugin:
             parts.append(f"{reused:,} reused from the journal ({how})")
         if failed:
             parts.append(f"{failed:,} failed for good before")
-        return ["evalreplay: " + ", ".join(parts)]
+        return ["evalreplay: " + ", ".join(parts), *(f"evalreplay: {line}" for line in self.session.status())]
 
     # -- reports and the end -----------------------------------------------------
 
@@ -295,15 +287,15 @@ class EvalReplayPlugin:
             ev.notes.append(f"run dir not written: {exc}")
         ev.close_provider()  # before the summary, so a close() that fails is in its notes
         for name, doc in ev.docs.items():
-            self.summary.add_doc(name, doc.seen, doc.doc, doc_extra(doc))
-        if ev._output is not None:
-            self.summary.run_dir = str(ev._output)
+            self.summary.add_doc(name, doc.seen, doc.doc, doc.extra())
+        if ev.output_resolved is not None:
+            self.summary.run_dir = str(ev.output_resolved)
         for note in ev.notes:
             self.summary.add_note(note)
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:  # a pytest-xdist worker: the controller prints the summary
             workeroutput["evalreplay"] = {
-                "docs": {n: [d.seen, d.doc, doc_extra(d)] for n, d in ev.docs.items()},
+                "docs": {n: [d.seen, d.doc, d.extra()] for n, d in ev.docs.items()},
                 "notes": list(ev.notes),
                 "run_dir": self.summary.run_dir,
             }
@@ -331,14 +323,6 @@ class EvalReplayPlugin:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._session is not None:
             self._session.close()
-
-
-def doc_extra(doc: Any) -> dict[str, int]:
-    return {
-        "changed_request": doc.changed_request,
-        "changed_provider": doc.changed_provider,
-        "failed_before": doc.failed_before,
-    }
 
 
 def output_dir(config: pytest.Config, settings: options.Settings) -> Path:

@@ -120,12 +120,6 @@ class TaskRecorder:
             self._first_unsaved = None
             self.index.refresh()
 
-    def ensure_started(self) -> None:
-        """Prepare the journal now (a reset run clears it before its first generation)."""
-        with self.locked():
-            self._prepare()
-            self.index.refresh()
-
     def request_rows(self, rq: str, content: Mapping[str, Any]) -> list[dict[str, Any]]:
         if rq in self._known_requests or rq in self.index.requests:
             return []
@@ -152,6 +146,7 @@ class TaskRecorder:
         error: str | None,
         judgments: Mapping[str, Sequence[float]] | None = None,
         no_answer: Sequence[str] = (),
+        unreadable: int = 0,
     ) -> list[dict[str, Any]]:
         """A score row, unless the journal already holds these very scores for that generation."""
         prior = self.index.scores.get((key, of))
@@ -162,9 +157,10 @@ class TaskRecorder:
             and (prior.judgments or None)
             == ({k: tuple(v) for k, v in judgments.items()} if judgments else None)
             and prior.no_answer == tuple(no_answer)
+            and prior.unreadable == unreadable
         ):
             return []
-        return [journal.score_row(key, of, self.run, scores, error, judgments, no_answer)]
+        return [journal.score_row(key, of, self.run, scores, error, judgments, no_answer, unreadable)]
 
     # -- the run dir ---------------------------------------------------------------
 

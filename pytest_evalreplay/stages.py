@@ -14,6 +14,7 @@ every stage before it: editing stage 3 leaves stages 1 and 2 valid.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -32,6 +33,7 @@ _REF_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 # References' saved answers are fingerprinted by content up to this size (by
 # size and modification time above it), so a clone of the project resumes.
 REFERENCE_CONTENT_LIMIT = 64 * 2**20
+MAX_SEED = 2**63  # seeds are recorded in JSON and feed numpy's bootstrap: non-negative 64-bit ints
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,11 @@ class Reference:
     predictions: str | os.PathLike[str]
 
     def __post_init__(self) -> None:
-        if isinstance(self.elo, bool) or not isinstance(self.elo, (int, float)) or self.elo != self.elo:
+        if (
+            isinstance(self.elo, bool)
+            or not isinstance(self.elo, (int, float))
+            or not math.isfinite(self.elo)
+        ):
             raise EvalReplayError(
                 f"Reference(elo={self.elo!r}): give the reference's rating, a finite number"
             )
@@ -69,8 +75,8 @@ class Stage:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
                 raise EvalReplayError(f"Stage({name}={value!r}): give a positive int, or None")
-        if self.seed is not None and type(self.seed) is not int:
-            raise EvalReplayError(f"Stage(seed={self.seed!r}): give an int, or None")
+        if self.seed is not None and (type(self.seed) is not int or not 0 <= self.seed < MAX_SEED):
+            raise EvalReplayError(f"Stage(seed={self.seed!r}): give an int in [0, 2**63), or None")
 
     def config(self) -> dict[str, Any]:
         return {"tasks": self.tasks, "references": self.references, "seed": self.seed}
@@ -149,8 +155,8 @@ class EloEval:
                     f"{len(self.references)}"
                 )
         self.judge = validate_judge(judge, where)
-        if seed is not None and type(seed) is not int:
-            raise EvalReplayError(f"{where}: seed must be an int or None, got {seed!r}")
+        if seed is not None and (type(seed) is not int or not 0 <= seed < MAX_SEED):
+            raise EvalReplayError(f"{where}: seed must be an int in [0, 2**63) or None, got {seed!r}")
         self.seed = seed
         if gate is not None and not isinstance(gate, Gate):
             raise EvalReplayError(f"{where}: gate must be a Gate(...), got {type(gate).__name__}")
@@ -240,6 +246,8 @@ class StageRecord:
     lineno: int
     complete: bool = False
     rating: float | None = None
+    se: float | None = None
+    completed_by: str | None = None  # the run of the newest `complete` record
 
 
 @dataclass
@@ -291,8 +299,10 @@ class StageLog:
                 record = log.stages.get(stage) if type(stage) is int else None
                 if record is not None and row.get("fingerprint") == record.fingerprint:
                     record.complete = True
-                    rating = row.get("rating")
+                    rating, se = row.get("rating"), row.get("se")
                     record.rating = float(rating) if isinstance(rating, (int, float)) else None
+                    record.se = float(se) if isinstance(se, (int, float)) else None
+                    record.completed_by = str(row.get("run"))
             else:
                 raise EvalReplayError(f"{where}: unknown stage record kind {kind!r}")
         return log

@@ -40,7 +40,8 @@ class Candidate:
         return out
 
 class JudgeModel:
-    kind, model, batch_size = "judgemodel", "judge-1", None
+    kind, batch_size = "judgemodel", None
+    model = os.environ.get("JUDGE_MODEL", "judge-1")
 
     def generate(self, requests):
         out = []
@@ -162,7 +163,7 @@ class Project:
         (self.path / "test_elo.py").write_text(EVALS.format(**values))
 
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        environ = child_env(("KILL_", "INTERRUPT_", "JUDGE_REPLY"), **env)
+        environ = child_env(("KILL_", "INTERRUPT_", "JUDGE_"), **env)
         environ.setdefault("CALL_LOG", str(self.path / "calls.jsonl"))
         environ.setdefault("JUDGE_LOG", str(self.path / "judge.jsonl"))
         environ.setdefault("JUDGE_MODEL_LOG", str(self.path / "judge-model.jsonl"))

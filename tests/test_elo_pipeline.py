@@ -101,8 +101,7 @@ def test_an_llm_judges_verdicts_are_reused_only_from_the_same_judge_model(tmp_pa
     asked = len(project.log("judge-model.jsonl"))
     assert project.run("--resume").returncode == 0
     assert len(project.log("judge-model.jsonl")) == asked  # same judge: nothing asked again
-    project.write(seed="4", judge="judges.llm('judgemodel', model='judge-2')")
-    result = project.run("--resume")
+    result = project.run("--resume", JUDGE_MODEL="judge-2")  # the same judge kind, serving another model
     assert result.returncode == 0, result.stdout + result.stderr
     assert (
         len(project.log("judge-model.jsonl")) == 2 * asked

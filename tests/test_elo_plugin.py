@@ -75,12 +75,16 @@ def test_sigkill_in_stage_2_then_resume_replays_its_plan_and_ends_as_the_uninter
     records = project.stage_records()
     assert [r["kind"] for r in records][-2:] == ["complete", "planned"] and records[-1]["stage"] == 2
     planned = records[-1]
-    judged_before = len(project.log("judge.jsonl"))
+    asked_before = project.log("calls.jsonl")
     result = project.run("--resume")
     assert result.returncode == 0, result.stdout + result.stderr
-    resumed = project.log("judge.jsonl")[judged_before:]
+    # Stage 1 is kept: its plan and generations are reused (its function judge
+    # is called again: cheap, and what it calls may have changed).
     stage1_tasks = set(uninterrupted.elo()["stages"][0]["task_ids"])
-    assert not {tid for tid, _, _ in resumed} & stage1_tasks, "stage 1's judge was called again"
+    asked_again = project.log("calls.jsonl")[len(asked_before) :]
+    assert not {tid for tid, _, _ in asked_again} & stage1_tasks, "stage 1's candidate was asked again"
+    assert "memo: stage 1/3 kept from the journal: ELO" in result.stdout
+    assert "memo: stage 2/3 replayed from the journal: 4 tasks vs 2 references" in result.stdout
     assert [r for r in project.stage_records() if r["kind"] == "planned" and r["stage"] == 2] == [planned]
     assert same_metrics(project.metrics(), uninterrupted.metrics())
     for name in ("memo-predictions.jsonl", "memo-requests.jsonl"):
@@ -120,7 +124,7 @@ def test_resume_stage_keeps_earlier_stages_and_plans_the_rest_afresh(tmp_path):
     project = Project(tmp_path, seed="11")
     assert project.run().returncode == 0
     before = project.elo()
-    judged = len(project.log("judge.jsonl"))
+    asked = len(project.log("calls.jsonl"))
     project.write(
         seed="11", stages="[Stage(tasks=4), Stage(tasks=4, references=3), Stage(tasks=4, references=1)]"
     )
@@ -130,8 +134,24 @@ def test_resume_stage_keeps_earlier_stages_and_plans_the_rest_afresh(tmp_path):
     assert after["stages"][0] == before["stages"][0]
     assert len(after["stages"][1]["references"]) == 3
     stage1 = set(before["stages"][0]["task_ids"])
-    assert not {tid for tid, _, _ in project.log("judge.jsonl")[judged:]} & stage1
+    assert not {tid for tid, _, _ in project.log("calls.jsonl")[asked:]} & stage1
     assert "4 skipped" in result.stdout  # stage 1's items, reused
+
+
+def test_resume_stage_plans_that_stage_again_when_nothing_changed(tmp_path):
+    project = Project(tmp_path, seed="11")
+    assert project.run().returncode == 0
+    planned = [r for r in project.stage_records() if r["kind"] == "planned"]
+    asked = len(project.log("calls.jsonl"))
+    result = project.run("--resume-stage=2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "memo: stage 2/3 planned afresh (--resume-stage=2)" in result.stdout
+    again = [r for r in project.stage_records() if r["kind"] == "planned"][len(planned) :]
+    assert [r["stage"] for r in again] == [2, 3]
+    stage2 = set(project.elo()["stages"][1]["task_ids"])
+    assert {tid for tid, _, _ in project.log("calls.jsonl")[asked:]} == stage2 | set(
+        project.elo()["stages"][2]["task_ids"]
+    )
 
 
 def test_resume_stage_refuses_when_an_earlier_stage_is_incomplete(tmp_path):
@@ -159,7 +179,7 @@ def test_a_changed_stage_config_starts_that_stage_fresh_and_says_what_changed(tm
     )
     result = project.run("--resume")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "memo: stage 3 starts fresh (config changed: stages.3.references)" in result.stdout
+    assert "memo: stage 3/3 planned afresh (config changed: stages.3.references)" in result.stdout
     assert len(project.elo()["stages"][2]["references"]) == 2
 
 

@@ -1,0 +1,189 @@
+"""A task's rollouts in one session: its journal, what it decided for each
+selected item, and generating what is to run.
+
+The unit of generation is a chunk of a task's requests: the first item (or
+stage) of a run to need a chunk generates all of it under the chunk's lock;
+any other process of the run (pytest-xdist workers) waits for that lock and
+then reads the chunk's rows from the journal. `TaskRun` (scoring) and
+`EloRun` (judging, stage by stage) build on this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_evalreplay import planning
+from pytest_evalreplay.context import RunContext
+from pytest_evalreplay.generation import stream_into_journal
+from pytest_evalreplay.journal import FailRef, GenRef, JournalIndex, RequestKey, RolloutKey
+from pytest_evalreplay.metrics import TaskOutcome
+from pytest_evalreplay.model import RolloutResult
+from pytest_evalreplay.planning import Decisions, TaskPlan
+from pytest_evalreplay.recorder import TaskRecorder
+from pytest_evalreplay.task import EvalTask
+
+
+def open_recorder(
+    ctx: RunContext, name: str, plan: TaskPlan, narrowed: bool, directory: Path
+) -> tuple[TaskRecorder, JournalIndex | None]:
+    """The task's recorder, and its journal as the session found it (None
+    when this run starts the journal afresh: not resuming, not narrowed)."""
+    reset = ctx.settings.reset or (not ctx.resuming and not narrowed)
+    recorder = TaskRecorder(directory, name, ctx.run_id, reset, ctx.snapshot.get(name))
+    if reset:
+        return recorder, None
+    index = recorder.read_snapshot()
+    if index.torn is not None:
+        ctx.note(f"{index.path}:{index.torn}: ignored a torn last line (a run died mid-write)")
+    for line in planning.foreign_rows(plan, index):
+        ctx.note(line)
+    return recorder, index
+
+
+@dataclass
+class Rollouts:
+    """What a run generates: `task` renders the requests (an EloEval's pool)."""
+
+    ctx: RunContext
+    name: str
+    task: EvalTask
+    plan: TaskPlan
+    recorder: TaskRecorder
+    selected: list[RolloutKey]
+    decisions: Decisions
+    gate: Any = None
+    chunks: list[list[RequestKey]] = field(default_factory=list)
+    chunk_of: dict[RequestKey, int] = field(default_factory=dict)
+    rollouts_of: dict[RequestKey, tuple[int, ...]] = field(default_factory=dict)
+    touched: bool = False  # this process ran something of the task: it writes the run dir
+    outcome: TaskOutcome | None = None
+
+    @property
+    def instance_order(self) -> list[str]:
+        return [inst["id"] for inst in self.task.instances]
+
+    def chunk(self, batch_size: int | None) -> None:
+        self.chunks = planning.chunks(self.decisions.run, batch_size)
+        self.chunk_of = {rk: n for n, chunk in enumerate(self.chunks) for rk in chunk}
+        wanted: dict[RequestKey, list[int]] = {}
+        for stage, iid, rollout in self.decisions.run:
+            wanted.setdefault((stage, iid), []).append(rollout)
+        self.rollouts_of = {rk: tuple(sorted(rs)) for rk, rs in wanted.items()}
+
+    def is_reused(self, key: RolloutKey) -> bool:
+        return key in self.decisions.reuse
+
+    # -- what this run made ------------------------------------------------------
+
+    def own_gen(self, key: RolloutKey) -> GenRef | None:
+        """This run's generation of `key` (a run without --resume regenerates what it selected)."""
+        gen = self.recorder.index.latest_gen(key, self.plan.request_of(key), self.plan.provider)
+        return gen if gen is not None and gen.run == self.ctx.run_id else None
+
+    def own_failure(self, key: RolloutKey) -> FailRef | None:
+        """This run's final failure of `key`, unless a later generation of this run overrides it."""
+        gen, fail = self.recorder.index.standing(key, self.plan.request_of(key), self.plan.provider)
+        if fail is None or fail.run != self.ctx.run_id or gen is not None:
+            return None
+        return fail if planning.is_final(fail.failure, self.ctx.settings.max_attempts) else None
+
+    def candidate(self, key: RolloutKey) -> GenRef | None:
+        """The generation an item's result stands on: reused, or this run's;
+        for an item this session did not select, whatever the journal holds."""
+        ref = self.decisions.reuse.get(key) or self.own_gen(key)
+        if ref is None and key not in self.decisions.run:
+            ref, _ = self.recorder.index.standing(key, self.plan.request_of(key), self.plan.provider)
+        return ref
+
+    # -- generating ----------------------------------------------------------------
+
+    def ensure_generated(self, keys: Iterable[RolloutKey]) -> None:
+        """Generate the chunks holding these keys that this run has not resolved yet."""
+        for number in sorted({self.chunk_of[(k[0], k[1])] for k in keys if (k[0], k[1]) in self.chunk_of}):
+            self.generate_chunk(number)
+
+    def generate_chunk(self, number: int) -> None:
+        recorder = self.recorder
+        with recorder.chunk_locked(number):
+            recorder.flush()  # commit our own rows and read what peers wrote
+            todo = self._unresolved(self.chunks[number])
+            if not todo:
+                return
+            task = self.task
+            requests = [
+                task.request(task.instance(iid), stage=stage, rollouts=rollouts)
+                for (stage, iid), rollouts in todo.items()
+            ]
+            stream_into_journal(
+                recorder,
+                self.ctx.host.get(),
+                (self.ctx.provider_digest, self.ctx.provider_identity),
+                requests,
+                self.ctx.settings,
+                digest_of=lambda r: self.plan.requests[(r.stage, r.instance_id)],
+                prior=self._prior_attempts(todo),
+                progress=self.ctx.progress,
+                name=self.name,
+            )
+
+    def _unresolved(self, chunk: Iterable[RequestKey]) -> dict[RequestKey, tuple[int, ...]]:
+        """The rollouts of a chunk this run has neither generated nor failed for good."""
+        out: dict[RequestKey, tuple[int, ...]] = {}
+        for rk in chunk:
+            missing = tuple(
+                r
+                for r in self.rollouts_of[rk]
+                if self.own_gen((*rk, r)) is None and self.own_failure((*rk, r)) is None
+            )
+            if missing:
+                out[rk] = missing
+        return out
+
+    def _prior_attempts(self, todo: Mapping[RequestKey, tuple[int, ...]]) -> dict[RequestKey, int]:
+        """Attempts already made at each request (this run's; with --resume, earlier runs' too)."""
+        out: dict[RequestKey, int] = {}
+        index = self.recorder.index
+        for rk, rollouts in todo.items():
+            n = 0
+            for r in rollouts:
+                fail = index.latest_fail((*rk, r), self.plan.requests[rk], self.plan.provider)
+                if fail is not None and (fail.run == self.ctx.run_id or self.ctx.settings.resume):
+                    n = max(n, fail.failure.attempt)
+            if n:
+                out[rk] = n
+        return out
+
+    # -- results that are failures -------------------------------------------------
+
+    def failed_before(self, key: RolloutKey) -> RolloutResult:
+        failure = self.decisions.failed[key].failure
+        if failure.failure_class == "retryable":
+            again = "raise --evalreplay-max-attempts, or run without --resume"
+        else:
+            again = "run without --resume (or with --evalreplay-reset) to try it again"
+        return self.failure(
+            key,
+            f"failed for good in an earlier run (attempt {failure.attempt}, {failure.failure_class}): "
+            f"{failure.message}; {again}",
+            failure.failure_class,
+        )
+
+    def not_generated(self, key: RolloutKey) -> RolloutResult:
+        """The result of an item this run tried to generate and could not."""
+        fail = self.own_failure(key)
+        if fail is None:
+            return self.failure(key, "no result was recorded for this rollout", "retryable")
+        return self.failure(key, fail.failure.message, fail.failure.failure_class)
+
+    def failure(self, key: RolloutKey, message: str | None, failure_class: str | None) -> RolloutResult:
+        return RolloutResult(
+            task=self.name,
+            stage=key[0],
+            instance_id=key[1],
+            rollout=key[2],
+            error=message,
+            failure_class=failure_class,
+        )

@@ -1,0 +1,178 @@
+"""A plain `EvalTask` in a session: reuse what the journal holds (rescored by
+the current scorer), generate the rest chunk by chunk, score where the item
+runs (so pytest-xdist spreads scoring), and write the run dir at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_evalreplay import planning
+from pytest_evalreplay.context import RunContext
+from pytest_evalreplay.execution import score_generation
+from pytest_evalreplay.journal import GenRef, RolloutKey, ScoreRef
+from pytest_evalreplay.metrics import TaskOutcome, task_outcome
+from pytest_evalreplay.model import Generation, RolloutResult
+from pytest_evalreplay.planning import TaskPlan
+from pytest_evalreplay.rollouts import Rollouts, open_recorder
+from pytest_evalreplay.task import EvalTask
+
+
+@dataclass
+class TaskRun(Rollouts):
+    results: dict[RolloutKey, RolloutResult] = field(default_factory=dict)  # computed, not yet reported
+    resolved: set[RolloutKey] = field(default_factory=set)  # scored or failed by this process
+
+    @classmethod
+    def register(
+        cls,
+        ctx: RunContext,
+        task: EvalTask,
+        all_keys: Sequence[RolloutKey],
+        selected: Sequence[RolloutKey],
+        directory: Path,
+    ) -> TaskRun:
+        """Plan the task (its full key list, the requests rendered now) and sort
+        its selected keys into reuse, run and failed-before."""
+        plan = TaskPlan(task.name, tuple(all_keys), task.request_digests(), ctx.provider_digest)
+        recorder, index = open_recorder(ctx, task.name, plan, len(selected) < len(all_keys), directory)
+        decisions = planning.decide(
+            plan, selected, index, ctx.resuming and index is not None, ctx.settings.max_attempts
+        )
+        return cls(ctx, task.name, task, plan, recorder, list(selected), decisions, gate=task.gate)
+
+    def status(self) -> Sequence[str]:
+        return ()
+
+    # -- results -------------------------------------------------------------------
+
+    def result(self, key: RolloutKey) -> RolloutResult:
+        """An item's result: reused and rescored, failed before, or generated
+        (its chunk, by whichever process of the run gets there first) and scored."""
+        self.touched = True
+        result = self.results.pop(key, None)
+        if result is not None:
+            return result
+        if key in self.decisions.reuse:
+            return self._score_reused(key)
+        if key in self.decisions.failed:
+            self.resolved.add(key)
+            return self.failed_before(key)
+        gen = self.own_gen(key)
+        if gen is None and self.own_failure(key) is None:
+            self.generate_chunk(self.chunk_of[(key[0], key[1])])
+            gen = self.own_gen(key)
+        if gen is None:
+            self.resolved.add(key)
+            return self.not_generated(key)
+        return self._score(key, self.recorder.index.generation(gen), gen.run)
+
+    def _score(self, key: RolloutKey, raw: Generation, of: str) -> RolloutResult:
+        task = self.task
+        generation = task.postprocess(raw)
+        scores, error = score_generation(task, task.instance(key[1]), generation)
+        self.recorder.add(self.recorder.score(key, of, scores, error))
+        self.resolved.add(key)
+        return RolloutResult(
+            task=self.name,
+            stage=key[0],
+            instance_id=key[1],
+            rollout=key[2],
+            generation=generation,
+            scores=scores or {},
+            error=error,
+            failure_class="scoring" if error else None,
+        )
+
+    def _kept_scores(self, key: RolloutKey, gen: GenRef) -> ScoreRef | None:
+        """The saved scores of a generation, when --evalreplay-reuse-scores keeps
+        them rather than scoring it again."""
+        if not self.ctx.settings.reuse_scores:
+            return None
+        saved = self.recorder.index.score_of(key, gen)
+        return saved if saved is not None and saved.error is None and saved.scores is not None else None
+
+    def _score_reused(self, key: RolloutKey) -> RolloutResult:
+        gen = self.decisions.reuse[key]
+        index = self.recorder.index
+        saved = self._kept_scores(key, gen)
+        if saved is not None and saved.scores is not None:
+            self.resolved.add(key)
+            return RolloutResult(
+                task=self.name,
+                stage=key[0],
+                instance_id=key[1],
+                rollout=key[2],
+                generation=self.task.postprocess(index.generation(gen)),
+                scores=dict(saved.scores),
+            )
+        return self._score(key, index.generation(gen), gen.run)
+
+    def rescore_reused(self) -> list[RolloutKey]:
+        done = [key for key in self.decisions.reuse if self._score_reused(key).ok]
+        self.recorder.flush()
+        self.touched = True
+        return done
+
+    # -- the end ---------------------------------------------------------------------
+
+    def complete(self) -> TaskOutcome:
+        """Every selected item's result in the journal (computing here what no
+        process of the run has yet), then the task's numbers."""
+        self.touched = True
+        self.recorder.flush()
+        for key in self.selected:
+            if key in self.resolved or key in self.results or self._resolved_elsewhere(key):
+                continue
+            self.results[key] = self.result(key)
+        self.recorder.flush()
+        return self._outcome()
+
+    def _resolved_elsewhere(self, key: RolloutKey) -> bool:
+        """Another process of this run has scored (or failed) this key."""
+        gen = self.own_gen(key)
+        if gen is not None:
+            score = self.recorder.index.score_of(key, gen)
+            if score is not None and score.run == self.ctx.run_id:
+                return True
+        return self.own_failure(key) is not None
+
+    def _outcome(self) -> TaskOutcome:
+        s = self.ctx.settings
+        self.outcome = task_outcome(
+            self.plan, self.recorder.index, s.max_attempts, self.ctx.run_id, self.ctx.host.model()
+        )
+        return self.outcome
+
+    def _rescore_unselected(self) -> None:
+        """Score, with the current scorer, the generations the journal holds for
+        items this session did not select (a narrowed run; rollouts a killed run
+        generated but never scored), so the run dir is what one clean run of the
+        current configuration writes. Under xdist each worker takes its share;
+        the last worker to finish writes the run dir with every share done."""
+        selected = set(self.selected)
+        index = self.recorder.index
+        share = self.ctx.worker
+        for n, key in enumerate(self.plan.keys):
+            if key in selected or (share is not None and n % share.count != share.index % share.count):
+                continue
+            gen, _ = index.standing(key, self.plan.request_of(key), self.plan.provider)
+            if gen is not None and self._kept_scores(key, gen) is None:
+                self._score(key, index.generation(gen), gen.run)
+
+    def finish(self) -> TaskOutcome:
+        self._rescore_unselected()
+        recorder = self.recorder
+        recorder.flush()
+        with recorder.locked():
+            recorder.refresh()
+            outcome = self._outcome()
+            recorder.write_run_dir(
+                outcome, self.ctx.run_id, self.instance_order, self.task.num_samples, self.task.postprocess
+            )
+        return outcome
+
+    def paired_drop(self, baseline: Mapping[str, Any]) -> Any:
+        return None
