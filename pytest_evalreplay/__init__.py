@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_evalreplay import judges, scorers
-    from pytest_evalreplay.gates import Gate
     from pytest_evalreplay.model import (
         EvalReplayError,
         EvalResult,
+        Gate,
         Generation,
         GenerationError,
         Provider,
@@ -34,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     "EvalReplayError": "pytest_evalreplay.model",
     "EvalResult": "pytest_evalreplay.model",
     "EvalTask": "pytest_evalreplay.task",
-    "Gate": "pytest_evalreplay.gates",
+    "Gate": "pytest_evalreplay.model",
     "Generation": "pytest_evalreplay.model",
     "GenerationError": "pytest_evalreplay.model",
     "Provider": "pytest_evalreplay.model",

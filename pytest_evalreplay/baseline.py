@@ -23,29 +23,17 @@ from filelock import FileLock
 
 from pytest_evalreplay.files import atomic_write, os_error
 from pytest_evalreplay.gates import BaselineTask
-from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.model import EvalReplayError, type_name
 
 FORMAT = "evalreplay-baseline/1"
 REWRITE = "fix it, or write it again with --evalreplay-update-baseline"
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "a list" if isinstance(value, list) else "an object"
 
 
 def _bad(path: Path, field: str, expected: str, value: Any) -> EvalReplayError:
     shown = repr(value)
     if len(shown) > 60:
         shown = shown[:57] + "..."
-    got = "null" if value is None else f"{_kind(value)} ({shown})"
+    got = "null" if value is None else f"{type_name(value)} ({shown})"
     return EvalReplayError(f"{path}: {field}: expected {expected}, got {got}; {REWRITE}")
 
 
@@ -66,7 +54,7 @@ def parse(doc: Any, path: Path) -> dict[str, BaselineTask]:
     if not isinstance(doc, dict):
         raise EvalReplayError(
             f'{path}: not an {FORMAT} baseline (a JSON object with "format": "{FORMAT}" and '
-            f'"tasks"), got {_kind(doc)}; write one with --evalreplay-update-baseline'
+            f'"tasks"), got {type_name(doc)}; write one with --evalreplay-update-baseline'
         )
     fmt = doc.get("format")
     if fmt != FORMAT:
@@ -76,7 +64,7 @@ def parse(doc: Any, path: Path) -> dict[str, BaselineTask]:
                 "write it again with --evalreplay-update-baseline, or use the version that wrote it"
             )
         raise EvalReplayError(
-            f'{path}: not an {FORMAT} baseline ("format" is {_kind(fmt)} {fmt!r:.40}, '
+            f'{path}: not an {FORMAT} baseline ("format" is {type_name(fmt)} {fmt!r:.40}, '
             f'expected "{FORMAT}"); write one with --evalreplay-update-baseline'
         )
     tasks_doc = _object(doc.get("tasks"), path, "tasks", "an object of task name -> entry")
@@ -88,7 +76,7 @@ def parse(doc: Any, path: Path) -> dict[str, BaselineTask]:
         if not isinstance(metrics, dict):
             raise EvalReplayError(
                 f'{path}: {field}.metrics: a task entry needs a "metrics" object (metric name -> number), '
-                f"got {_kind(metrics)}; {REWRITE}"
+                f"got {type_name(metrics)}; {REWRITE}"
             )
         scores = entry.get("scores")
         scores = {} if scores is None else scores

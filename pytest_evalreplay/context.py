@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_evalreplay.journal import RolloutKey, digest
+from pytest_evalreplay.journal import RolloutKey
 from pytest_evalreplay.metrics import TaskOutcome
-from pytest_evalreplay.model import RolloutResult
+from pytest_evalreplay.model import RolloutResult, digest
 from pytest_evalreplay.planning import Decisions
 from pytest_evalreplay.providers import ProviderHost
 from pytest_evalreplay.rundir import prepare_output_dir, refuse_self_replay

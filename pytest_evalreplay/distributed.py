@@ -90,7 +90,7 @@ class XdistHooks:
             and not settings.quiet
             and settings.provider != "replay"
         ):
-            from pytest_evalreplay.report import ProgressWatcher
+            from pytest_evalreplay.progress import ProgressWatcher
 
             self._watcher = ProgressWatcher(
                 self.plugin.config, self.plugin.session.output, settings.progress_interval

@@ -18,7 +18,6 @@ imported at the top: this module is imported only when an `EloEval` exists.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -575,47 +574,6 @@ def simulate_scores(
 
 
 # --- stage planning ------------------------------------------------------------------------------
-
-
-def draw_stage_tasks(pool_ids: Sequence[str], sizes: Sequence[int | None], seed: int) -> list[list[str]]:
-    """Each stage's task ids, drawn from the pool without replacement across stages.
-
-    A size of None takes every pool task no earlier stage drew. The draw ranks
-    the pool by a keyed hash of (seed, task id) and deals stages off the top:
-    the same on every platform, process and numpy version, independent of the
-    pool's order, and a stage's draw does not depend on later stages' sizes.
-    """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise EvalReplayError(f"seed={seed!r}: the stage seed must be an int")
-    ids = list(pool_ids)
-    if len(set(ids)) != len(ids):
-        dup = next(t for t in ids if ids.count(t) > 1)
-        raise EvalReplayError(f"the task pool lists instance {dup!r} twice; instance ids must be unique")
-    key = str(seed).encode() + b"\0"
-    order = sorted(ids, key=lambda t: (hashlib.blake2b(key + t.encode(), digest_size=8).digest(), t))
-    stages: list[list[str]] = []
-    taken = 0
-    for number, size in enumerate(sizes, start=1):
-        left = len(order) - taken
-        if size is None:
-            if left == 0:
-                raise EvalReplayError(
-                    f"stage {number} takes every remaining pool task, but stages 1..{number - 1} drew all "
-                    f"{len(order)}; drop stage {number} or make the pool larger"
-                )
-            size = left
-        elif isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise EvalReplayError(f"stage {number}: tasks={size!r}; give an int >= 1, or None for the rest")
-        elif size > left:
-            if number == 1:
-                where = f"the pool has only {len(order)}"
-            else:
-                before = "stage 1" if number == 2 else f"stages 1..{number - 1}"
-                where = f"only {left} of the pool's {len(order)} remain after {before}"
-            raise EvalReplayError(f"stage {number} asks for {size} tasks but {where}; ask for at most {left}")
-        stages.append(order[taken : taken + size])
-        taken += size
-    return stages
 
 
 def choose_references(references: Mapping[str, float], rating: float | None, k: int | None) -> list[str]:

@@ -18,10 +18,17 @@ from typing import Any
 from pytest_evalreplay import planning
 from pytest_evalreplay.context import RunContext
 from pytest_evalreplay.generation import stream_into_journal
-from pytest_evalreplay.journal import RolloutKey, digest
+from pytest_evalreplay.journal import RolloutKey
 from pytest_evalreplay.judges import LlmJudge, check_verdict, mean, task_text
 from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome
-from pytest_evalreplay.model import EvalReplayError, Generation, GenerationError, Request
+from pytest_evalreplay.model import (
+    EvalReplayError,
+    Generation,
+    GenerationError,
+    Request,
+    digest,
+    request_digest,
+)
 from pytest_evalreplay.recorder import TaskRecorder
 from pytest_evalreplay.stages import EloEval
 
@@ -179,7 +186,7 @@ class Judging:
             assert judge is not None
             settings = self.ctx.settings
             if settings.provider == "replay" and settings.predictions is not None:
-                from pytest_evalreplay.providers import path_signature
+                from pytest_evalreplay.fingerprint import path_signature
                 from pytest_evalreplay.providers.replay import ReplayProvider
 
                 source = settings.predictions
@@ -252,7 +259,7 @@ class Judging:
                 for trial in range(judge.trials):
                     request = self._request(key, reference, trial, generation.text, ref_text)
                     jkey = (key[0], request.instance_id, 0)
-                    rq = planning.request_digest(request)
+                    rq = request_digest(request)
                     gen, fail = recorder.index.standing(jkey, rq, pv)
                     if gen is None and not self._failed_here(fail):
                         requests.append(request)
@@ -285,7 +292,7 @@ class Judging:
         for trial in range(judge.trials):
             request = self._request(key, reference, trial, candidate, ref_text)
             jkey = (key[0], request.instance_id, 0)
-            gen, fail = recorder.index.standing(jkey, planning.request_digest(request), pv)
+            gen, fail = recorder.index.standing(jkey, request_digest(request), pv)
             if gen is None:
                 why = fail.failure.message if fail is not None else "no verdict was recorded"
                 raise EvalReplayError(f"the judge failed on {reference!r} (trial {trial}): {why}")

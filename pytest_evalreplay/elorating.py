@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_evalreplay.journal import JournalIndex, RolloutKey, ScoreRef
 from pytest_evalreplay.metrics import TaskOutcome, item_outcome
 from pytest_evalreplay.planning import TaskPlan
-from pytest_evalreplay.stages import StageLog
+from pytest_evalreplay.stagelog import StageLog
 
 if TYPE_CHECKING:
     from pytest_evalreplay.elo import EloFit, JudgmentTable

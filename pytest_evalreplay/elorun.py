@@ -37,7 +37,8 @@ from pytest_evalreplay.metrics import TaskOutcome, item_outcome, task_outcome
 from pytest_evalreplay.model import EvalReplayError, RolloutResult
 from pytest_evalreplay.planning import Decisions, TaskPlan
 from pytest_evalreplay.rollouts import Rollouts, open_recorder
-from pytest_evalreplay.stages import EloEval, StageLog, complete_row, planned_row, seed_row, stage_configs
+from pytest_evalreplay.stagelog import StageLog, complete_row, planned_row, seed_row
+from pytest_evalreplay.stages import EloEval, stage_configs
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pytest_evalreplay import planning
 from pytest_evalreplay.context import ProgressSink, ProviderExit
 from pytest_evalreplay.execution import Done, Failed, RoundEnd, generate_events
-from pytest_evalreplay.journal import RequestKey
-from pytest_evalreplay.model import Provider, Request
+from pytest_evalreplay.model import Provider, Request, RequestKey, request_content, request_digest
 from pytest_evalreplay.recorder import TaskRecorder
 from pytest_evalreplay.settings import Settings
 
@@ -29,7 +27,7 @@ def stream_into_journal(
     requests: Sequence[Request],
     settings: Settings,
     *,
-    digest_of: Callable[[Request], str] = planning.request_digest,
+    digest_of: Callable[[Request], str] = request_digest,
     prior: Mapping[RequestKey, int] | None = None,
     progress: ProgressSink | None = None,
     name: str | None = None,
@@ -50,7 +48,7 @@ def stream_into_journal(
                 continue
             req = event.request
             rq = digest_of(req)
-            rows = recorder.request_rows(rq, planning.request_content(req))
+            rows = recorder.request_rows(rq, request_content(req))
             if isinstance(event, Done):
                 for rollout, gen in zip(req.rollouts, event.generations, strict=True):
                     rows.append(recorder.gen((req.stage, req.instance_id, rollout), rq, pv, gen))

@@ -28,7 +28,6 @@ and line; a torn last line (a crash mid-write) is skipped and reported.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,14 +42,6 @@ from pytest_evalreplay.model import EvalReplayError, Failure, Generation
 
 FORMAT = "evalreplay-journal/2"
 RolloutKey = tuple[int, str, int]  # (stage, instance_id, rollout)
-RequestKey = tuple[int, str]  # (stage, instance_id)
-
-_SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
-
-
-def digest(value: Any) -> str:
-    """A content digest: blake2b-128 over canonical (sorted-key) orjson bytes."""
-    return hashlib.blake2b(orjson.dumps(value, option=_SORTED), digest_size=16).hexdigest()
 
 
 def journal_path(directory: Path, task: str) -> Path:

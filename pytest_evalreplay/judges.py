@@ -22,9 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pytest_evalreplay.model import Context, EvalReplayError
+from pytest_evalreplay.model import Context, EvalReplayError, Instance
 
-Instance = dict[str, Any]
 FunctionJudge = Callable[[Instance, str, str], Any]
 
 DEFAULT_TEMPLATE = (

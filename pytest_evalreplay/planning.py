@@ -11,31 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from pytest_evalreplay.journal import FailRef, GenRef, JournalIndex, RequestKey, RolloutKey, digest
-from pytest_evalreplay.model import Failure, Request
+from pytest_evalreplay.journal import FailRef, GenRef, JournalIndex, RolloutKey
+from pytest_evalreplay.model import Failure, RequestKey
 
 NOTE_LIMIT = 5  # per kind of note, per task
-
-
-def request_content(request: Request) -> dict[str, Any]:
-    """What a generation answers: the part of a request that reaches the model."""
-    content: dict[str, Any] = {
-        "request_type": request.request_type,
-        "context": request.context,
-        "system_prompt": request.system_prompt,
-        "sampling": dict(request.sampling),
-    }
-    if request.images:
-        content["images"] = list(request.images)
-    if request.tools:
-        content["tools"] = list(request.tools)
-    return content
-
-
-def request_digest(request: Request) -> str:
-    return digest(request_content(request))
 
 
 @dataclass(frozen=True)
@@ -90,10 +70,8 @@ def decide(
         out.run = list(selected)
         return out
     for key in selected:
-        rq = plan.request_of(key)
-        gen = index.latest_gen(key, rq, plan.provider)
-        fail = index.latest_fail(key, rq, plan.provider)
-        if gen is not None and (fail is None or fail.seq < gen.seq):
+        gen, fail = index.standing(key, plan.request_of(key), plan.provider)
+        if gen is not None:
             out.reuse[key] = gen
             continue
         if fail is not None and is_final(fail.failure, max_attempts):

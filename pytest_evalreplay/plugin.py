@@ -114,8 +114,8 @@ class EvalReplayPlugin:
     def _make_session(self) -> EvalSession:
         from pytest_evalreplay.context import WorkerInfo
         from pytest_evalreplay.items import SESSION_KEY
+        from pytest_evalreplay.progress import FileProgress, TerminalProgress
         from pytest_evalreplay.providers import ProviderHost
-        from pytest_evalreplay.report import FileProgress, TerminalProgress
         from pytest_evalreplay.session import EvalSession
 
         config, settings = self.config, self.settings

@@ -21,13 +21,9 @@ from pytest_evalreplay.files import atomic_write
 from pytest_evalreplay.model import EvalReplayError
 
 # Re-exported: the plugin and distributed import live progress from here (its home is `progress`).
-from pytest_evalreplay.progress import FileProgress, ProgressWatcher, TerminalProgress
 
 __all__ = [
-    "FileProgress",
-    "ProgressWatcher",
     "Summary",
-    "TerminalProgress",
     "elo_lines",
     "github_step_summary",
     "plural",

@@ -18,9 +18,9 @@ from typing import Any
 from pytest_evalreplay import planning
 from pytest_evalreplay.context import RunContext
 from pytest_evalreplay.generation import stream_into_journal
-from pytest_evalreplay.journal import FailRef, GenRef, JournalIndex, RequestKey, RolloutKey
+from pytest_evalreplay.journal import FailRef, GenRef, JournalIndex, RolloutKey
 from pytest_evalreplay.metrics import TaskOutcome
-from pytest_evalreplay.model import RolloutResult
+from pytest_evalreplay.model import RequestKey, RolloutResult
 from pytest_evalreplay.planning import Decisions, TaskPlan
 from pytest_evalreplay.recorder import TaskRecorder
 from pytest_evalreplay.task import EvalTask

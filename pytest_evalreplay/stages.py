@@ -14,19 +14,18 @@ every stage before it: editing stage 3 leaves stages 1 and 2 valid.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_evalreplay.gates import Gate
-from pytest_evalreplay.journal import JournalIndex, digest
 from pytest_evalreplay.judges import LlmJudge, validate_judge
-from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.model import EvalReplayError, Gate, digest
 from pytest_evalreplay.task import EvalTask, validate_task_name
 
 _REF_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -176,8 +175,6 @@ class EloEval:
     def draw(self, seed: int) -> list[list[str]]:
         """Each stage's task ids: drawn from the pool with `seed` (or the stage's
         own), without replacement across stages."""
-        from pytest_evalreplay.elo import draw_stage_tasks
-
         left = [inst["id"] for inst in self.pool.instances]
         out: list[list[str]] = []
         for n, stage in enumerate(self.stages, 1):
@@ -212,7 +209,7 @@ def stage_configs(
 ) -> list[dict[str, Any]]:
     """What each stage's fingerprint covers, cumulative: stage s's config holds
     the shared parts and the configs of stages 1..s."""
-    from pytest_evalreplay.providers import path_signature
+    from pytest_evalreplay.fingerprint import path_signature
 
     shared = {
         "pool": digest(sorted(pool_requests.items())),
@@ -231,118 +228,42 @@ def stage_configs(
     return out
 
 
-@dataclass
-class StageRecord:
-    """What the journal says of one stage: its newest plan, and whether a
-    `complete` record followed that plan."""
+def draw_stage_tasks(pool_ids: Sequence[str], sizes: Sequence[int | None], seed: int) -> list[list[str]]:
+    """Each stage's task ids, drawn from the pool without replacement across stages.
 
-    stage: int
-    task_ids: list[str]
-    references: list[str]
-    prior_rating: float | None
-    fingerprint: str
-    config: dict[str, Any]
-    run: str
-    lineno: int
-    complete: bool = False
-    rating: float | None = None
-    se: float | None = None
-    completed_by: str | None = None  # the run of the newest `complete` record
-
-
-@dataclass
-class StageLog:
-    """The stage records of a journal: the drawn seed and each stage's newest plan."""
-
-    seed: int | None = None
-    stages: dict[int, StageRecord] = field(default_factory=dict)
-
-    @classmethod
-    def read(cls, index: JournalIndex) -> StageLog:
-        log = cls()
-        for lineno, row in index.stage_rows:
-            where = f"{index.path}:{lineno}"
-            kind = row.get("kind")
-            if kind == "seed":
-                if type(row.get("seed")) is not int:
-                    raise EvalReplayError(f"{where}: a seed record needs an integer 'seed'")
-                if log.seed is None:
-                    log.seed = row["seed"]
-            elif kind == "planned":
-                stage = row.get("stage")
-                ok = (
-                    type(stage) is int
-                    and isinstance(row.get("task_ids"), list)
-                    and all(isinstance(t, str) for t in row["task_ids"])
-                    and isinstance(row.get("references"), list)
-                    and all(isinstance(r, str) for r in row["references"])
-                    and isinstance(row.get("fingerprint"), str)
-                    and isinstance(row.get("config"), dict)
-                    and (row.get("prior_rating") is None or isinstance(row.get("prior_rating"), (int, float)))
+    A size of None takes every pool task no earlier stage drew. The draw ranks
+    the pool by a keyed hash of (seed, task id) and deals stages off the top:
+    the same on every platform, process and numpy version, independent of the
+    pool's order, and a stage's draw does not depend on later stages' sizes.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise EvalReplayError(f"seed={seed!r}: the stage seed must be an int")
+    ids = list(pool_ids)
+    if len(set(ids)) != len(ids):
+        dup = next(t for t in ids if ids.count(t) > 1)
+        raise EvalReplayError(f"the task pool lists instance {dup!r} twice; instance ids must be unique")
+    key = str(seed).encode() + b"\0"
+    order = sorted(ids, key=lambda t: (hashlib.blake2b(key + t.encode(), digest_size=8).digest(), t))
+    stages: list[list[str]] = []
+    taken = 0
+    for number, size in enumerate(sizes, start=1):
+        left = len(order) - taken
+        if size is None:
+            if left == 0:
+                raise EvalReplayError(
+                    f"stage {number} takes every remaining pool task, but stages 1..{number - 1} drew all "
+                    f"{len(order)}; drop stage {number} or make the pool larger"
                 )
-                if not ok:
-                    raise EvalReplayError(
-                        f"{where}: not a valid stage plan record; run with --evalreplay-reset"
-                    )
-                log.stages[stage] = StageRecord(
-                    stage=stage,
-                    task_ids=row["task_ids"],
-                    references=row["references"],
-                    prior_rating=row.get("prior_rating"),
-                    fingerprint=row["fingerprint"],
-                    config=row["config"],
-                    run=str(row.get("run")),
-                    lineno=lineno,
-                )
-            elif kind == "complete":
-                stage = row.get("stage")
-                record = log.stages.get(stage) if type(stage) is int else None
-                if record is not None and row.get("fingerprint") == record.fingerprint:
-                    record.complete = True
-                    rating, se = row.get("rating"), row.get("se")
-                    record.rating = float(rating) if isinstance(rating, (int, float)) else None
-                    record.se = float(se) if isinstance(se, (int, float)) else None
-                    record.completed_by = str(row.get("run"))
+            size = left
+        elif isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise EvalReplayError(f"stage {number}: tasks={size!r}; give an int >= 1, or None for the rest")
+        elif size > left:
+            if number == 1:
+                where = f"the pool has only {len(order)}"
             else:
-                raise EvalReplayError(f"{where}: unknown stage record kind {kind!r}")
-        return log
-
-
-def seed_row(seed: int, run: str) -> dict[str, Any]:
-    return {"type": "stage", "kind": "seed", "seed": seed, "run": run}
-
-
-def planned_row(
-    stage: int,
-    task_ids: Sequence[str],
-    references: Sequence[str],
-    prior_rating: float | None,
-    fingerprint: str,
-    config: Mapping[str, Any],
-    run: str,
-) -> dict[str, Any]:
-    return {
-        "type": "stage",
-        "kind": "planned",
-        "stage": stage,
-        "task_ids": list(task_ids),
-        "references": list(references),
-        "prior_rating": prior_rating,
-        "fingerprint": fingerprint,
-        "config": dict(config),
-        "run": run,
-    }
-
-
-def complete_row(
-    stage: int, rating: float | None, se: float | None, fingerprint: str, run: str
-) -> dict[str, Any]:
-    return {
-        "type": "stage",
-        "kind": "complete",
-        "stage": stage,
-        "rating": rating,
-        "se": se,
-        "fingerprint": fingerprint,
-        "run": run,
-    }
+                before = "stage 1" if number == 2 else f"stages 1..{number - 1}"
+                where = f"only {left} of the pool's {len(order)} remain after {before}"
+            raise EvalReplayError(f"stage {number} asks for {size} tasks but {where}; ask for at most {left}")
+        stages.append(order[taken : taken + size])
+        taken += size
+    return stages

@@ -15,12 +15,12 @@ import orjson
 
 from pytest_evalreplay.execution import run_requests
 from pytest_evalreplay.formats.instances import load_instances
-from pytest_evalreplay.gates import Gate
 from pytest_evalreplay.model import (
     TASK_NAME,
     Context,
     EvalReplayError,
     EvalResult,
+    Gate,
     Generation,
     Instance,
     Provider,

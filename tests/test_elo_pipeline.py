@@ -170,7 +170,7 @@ def test_a_reference_rating_must_be_finite(elo):
 
 
 def test_a_stage_asking_for_more_tasks_than_the_pool_has_says_so_plainly():
-    from pytest_evalreplay.elo import draw_stage_tasks
+    from pytest_evalreplay.stages import draw_stage_tasks
 
     with pytest.raises(EvalReplayError) as err:
         draw_stage_tasks(["a"], [5], seed=1)

@@ -20,11 +20,11 @@ from pytest_evalreplay.elo import (
     Judgment,
     choose_references,
     cumulative_fits,
-    draw_stage_tasks,
     fit_elo,
     tabulate,
 )
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.stages import draw_stage_tasks
 
 POOL = [f"q{i:03d}" for i in range(50)]
 
@@ -47,7 +47,7 @@ def test_the_draw_is_pinned() -> None:
 
 def test_the_draw_is_the_same_in_another_process() -> None:
     code = (
-        "from pytest_evalreplay.elo import draw_stage_tasks;"
+        "from pytest_evalreplay.stages import draw_stage_tasks;"
         f"print(draw_stage_tasks({POOL!r}, [7, None], seed=42))"
     )
     # This process's string hashes are salted at random; the child's with a fixed salt.

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pytest_evalreplay import journal
 from pytest_evalreplay.journal import JournalIndex
 from pytest_evalreplay.model import EvalReplayError, Failure, Generation
-from pytest_evalreplay.stages import StageLog
+from pytest_evalreplay.stagelog import StageLog
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -10,8 +10,8 @@ import pytest
 
 from pytest_evalreplay import journal
 from pytest_evalreplay.files import append_durably, atomic_write
-from pytest_evalreplay.journal import JournalIndex, digest
-from pytest_evalreplay.model import EvalReplayError, Failure, Generation
+from pytest_evalreplay.journal import JournalIndex
+from pytest_evalreplay.model import EvalReplayError, Failure, Generation, digest
 
 
 def write(tmp_path, rows, task="t", header=True):
