@@ -80,7 +80,8 @@ def _num(value: Any, fmt: str = ".0f") -> str:
 
 def stage_rows(doc: Mapping[str, Any]) -> list[list[str]]:
     """An ELO eval's per-stage table: references, tasks, judged pairs,
-    wins/ties/losses, rating +- SE (cumulative over the stages so far), interval."""
+    wins/ties/losses, rating +- SE (cumulative over the stages so far), interval;
+    judge replies that could not be read are counted beside the judged pairs."""
     rows = []
     for st in (doc.get("elo") or {}).get("stages", []):
         lo, hi = (st.get("ci95") or [None, None])[:2]
@@ -90,7 +91,8 @@ def stage_rows(doc: Mapping[str, Any]) -> list[list[str]]:
                 ", ".join(st.get("references", [])) or "-",
                 str(len(st.get("task_ids", []))),
                 str(st.get("judged", 0))
-                + (f" ({st['no_answer']} without a reference answer)" if st.get("no_answer") else ""),
+                + (f" ({st['no_answer']} without a reference answer)" if st.get("no_answer") else "")
+                + (f" ({st['unreadable']} unreadable replies)" if st.get("unreadable") else ""),
                 f"{st.get('wins', 0)}/{st.get('ties', 0)}/{st.get('losses', 0)}",
                 f"{_num(st.get('rating'))} +- {_num(st.get('se'))}",
                 f"[{_num(lo)}, {_num(hi)}]",

@@ -180,3 +180,29 @@ def test_a_stage_asking_for_more_tasks_than_the_pool_has_says_so_plainly():
     assert str(err.value) == (
         "stage 2 asks for 5 tasks but only 1 of the pool's 3 remain after stage 1; ask for at most 1"
     )
+
+
+def test_unreadable_judge_replies_are_counted_judging_failures_never_silent_ties(tmp_path):
+    project = Project(tmp_path, seed="4", judge="judges.llm('judgemodel')")
+    result = project.run("--evalreplay-max-attempts=2", JUDGE_REPLY="I cannot decide.")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "unreadable verdict: 'I cannot decide.'" in result.stdout
+    metrics = project.metrics()
+    stage = metrics["elo"]["stages"][0]
+    assert stage["judged"] == 0 and stage["ties"] == 0
+    assert stage["unreadable"] == 4  # one per item: its first unreadable reply fails it
+    assert "0 (4 unreadable replies)" in result.stdout
+    assert metrics["num_failed"] == 12 and metrics["elo"]["rating"] is None
+    assert not [r for r in project.stage_records() if r["kind"] == "complete"]
+    # Each request was asked again once (the attempt cap), then failed.
+    asked = project.log("judge-model.jsonl")
+    assert asked and all(asked.count(x) == 2 for x in asked)
+
+
+def test_unreadable_replies_kept_as_ties_when_the_judge_says_so_are_still_counted(tmp_path):
+    project = Project(tmp_path, seed="4", judge="judges.llm('judgemodel', unreadable='tie')")
+    result = project.run(JUDGE_REPLY="I cannot decide.")
+    assert result.returncode == 0, result.stdout + result.stderr
+    stages = project.elo()["stages"]
+    assert stages[0]["ties"] == stages[0]["unreadable"] == 4 * 3 * 2  # tasks x references x trials
+    assert "24 (24 unreadable replies)" in result.stdout  # the stage table
