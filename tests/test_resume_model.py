@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from subprocess_pytest import PYTEST, child_env
 
+pytestmark = pytest.mark.slow  # a hypothesis state machine of child pytest runs
+
 INSTANCES = ["inst0", "inst1", "inst2"]
 SAMPLES = 2
 KEYS = [(iid, r) for iid in INSTANCES for r in range(SAMPLES)]
@@ -48,6 +50,7 @@ def pytest_evalreplay_make_provider(config, kind):
 EVALS = """
 import os, signal
 from pytest_evalreplay import EvalTask
+
 
 PROMPT = {prompt!r}
 SCORER = {scorer!r}
