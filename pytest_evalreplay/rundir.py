@@ -6,8 +6,8 @@ Per task, `<task>-requests.jsonl`, `<task>-predictions.jsonl` and
 `TaskOutcome` (never from a second log), in canonical order (instance order,
 then stage), each atomically (`files.atomic_write`). So a resumed run leaves
 the same files as an uninterrupted one, and a generation whose scorer failed
-is still saved (a later run or a replay can score it). The layout is the
-contract's; `formats.native` reads it back.
+is still saved (a later run or a replay can score it). The rows are built,
+and read back by replay and compare, in `runschema`.
 """
 
 from __future__ import annotations
@@ -28,74 +28,14 @@ from pytest_evalreplay.files import atomic_write, os_error
 from pytest_evalreplay.journal import JournalIndex, RequestKey
 from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome
 from pytest_evalreplay.model import EvalReplayError, Generation
+from pytest_evalreplay.runschema import FORMAT, MANIFEST, prediction_row, request_row, task_files
 
-FORMAT = "evalreplay/1"
 SESSION_LOCK = ".evalreplay-session.lock"
 SESSION_HOLDER = ".evalreplay-session.json"
 
 
-def task_files(directory: Path, task: str) -> dict[str, Path]:
-    return {
-        "requests": directory / f"{task}-requests.jsonl",
-        "predictions": directory / f"{task}-predictions.jsonl",
-        "metrics": directory / f"{task}-metrics.json",
-    }
-
-
 def _jsonl(rows: Iterable[Mapping[str, Any]]) -> Iterator[bytes]:
     return (orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows)
-
-
-def request_row(instance_id: str, stage: int, content: Mapping[str, Any], num_samples: int) -> dict[str, Any]:
-    """The contract's requests row, from a journaled request's content."""
-    row: dict[str, Any] = {
-        "instance_id": instance_id,
-        "request_type": content.get("request_type", "generate"),
-        "context": content.get("context"),
-        "system_prompt": content.get("system_prompt"),
-        "num_samples": num_samples,
-        "sampling": content.get("sampling", {}),
-    }
-    for extra in ("images", "tools"):
-        if content.get(extra):
-            row[extra] = content[extra]
-    if stage != 1:
-        row["stage"] = stage
-    return row
-
-
-def prediction_row(
-    instance_id: str,
-    stage: int,
-    items: Sequence[ItemOutcome],
-    generations: Sequence[dict[str, Any]],
-    num_samples: int,
-    model: str | None,
-) -> dict[str, Any]:
-    """One instance's row: every saved generation in rollout order (a sample
-    whose scorer failed included, with null scores), and the mean scores."""
-    sums: dict[str, list[float]] = {}
-    sample_scores: list[dict[str, float] | None] = []
-    for item in items:
-        if item.status == "ok" and item.scores is not None:
-            sample_scores.append(dict(item.scores))
-            for name, value in item.scores.items():
-                sums.setdefault(name, []).append(value)
-        else:
-            sample_scores.append(None)
-    row: dict[str, Any] = {
-        "instance_id": instance_id,
-        "model": model,
-        "generations": list(generations),
-        "scores": {n: sum(v) / len(v) for n, v in sums.items()},
-        "sample_scores": sample_scores,
-    }
-    if stage != 1:
-        row["stage"] = stage
-    rollouts = [item.key[2] for item in items]
-    if rollouts != list(range(num_samples)):
-        row["rollouts"] = rollouts
-    return row
 
 
 def write_task(
@@ -133,8 +73,15 @@ def write_task(
             generations = [index.generation(i.gen) for i in items]  # type: ignore[arg-type]
             if postprocess is not None:
                 generations = [postprocess(g) for g in generations]
-            rows = [g.to_row() for g in generations]
-            yield prediction_row(iid, stage, items, rows, num_samples, outcome.model)
+            yield prediction_row(
+                iid,
+                stage,
+                outcome.model,
+                [g.to_row() for g in generations],
+                [dict(i.scores) if i.status == "ok" and i.scores is not None else None for i in items],
+                [i.key[2] for i in items],
+                num_samples,
+            )
 
     files = task_files(directory, outcome.task)
     remove_stale_temporaries(directory, f".{outcome.task}-")
@@ -172,8 +119,8 @@ def write_manifest(
     directory: Path, model: str | None, provider: Mapping[str, Any], tasks: Iterable[str]
 ) -> None:
     """Merge this run's tasks into manifest.json (the caller holds the manifest lock)."""
-    path = directory / "manifest.json"
-    remove_stale_temporaries(directory, ".manifest.json.")
+    path = directory / MANIFEST
+    remove_stale_temporaries(directory, f".{MANIFEST}.")
     try:
         doc = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError):

@@ -19,10 +19,18 @@ import orjson
 
 from pytest_evalreplay.files import jsonl_lines, read_bytes
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.runschema import (
+    MANIFEST,
+    PREDICTIONS_SUFFIX,
+    prediction_fields,
+    read_manifest,
+    request_fields,
+    rollouts_of,
+    sample_scores_of,
+    scores_of,
+    task_files,
+)
 from pytest_evalreplay.snippets import prompt_line, trim
-from pytest_evalreplay.task import TASK_NAME
-
-FORMAT = "evalreplay/1"
 
 
 @dataclass(frozen=True)
@@ -101,23 +109,18 @@ def load_run_dir(path: Path) -> RunSnapshot:
         )
     if not path.is_dir():
         raise EvalReplayError(f"{path}: not a directory (pass a run dir, the folder holding manifest.json)")
-    manifest = path / "manifest.json"
-    if not manifest.is_file():
+    manifest = read_manifest(path / MANIFEST)
+    if manifest is None:
         raise EvalReplayError(_foreign(path))
-    doc = _load_json(manifest)
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        found = doc.get("format") if isinstance(doc, dict) else None
+    if manifest.tasks is None:
         raise EvalReplayError(
-            f"{manifest}: not a pytest-evalreplay manifest (format {found!r}, expected {FORMAT!r})"
+            f"{manifest.path}: 'tasks' must be a list of task names ([A-Za-z0-9_.-]+); "
+            "a run that ends writes it, so rerun with pytest --resume"
         )
-    tasks = doc.get("tasks")
-    if not isinstance(tasks, list) or not all(isinstance(t, str) and TASK_NAME.fullmatch(t) for t in tasks):
-        raise EvalReplayError(f"{manifest}: 'tasks' must be a list of task names ([A-Za-z0-9_.-]+)")
-    model = doc.get("model")
     return RunSnapshot(
         label=str(path),
-        tasks={t: _load_task(path, t) for t in sorted(set(tasks))},
-        model=model if isinstance(model, str) else None,
+        tasks={t: _load_task(path, t) for t in sorted(set(manifest.tasks))},
+        model=manifest.model,
     )
 
 
@@ -130,7 +133,7 @@ def _foreign(path: Path) -> str:
         what = "looks like an olmo-eval results dir"
     elif any(path.glob("samples_*.jsonl")):
         what = "looks like lm-evaluation-harness samples"
-    elif any(path.glob("*-predictions.jsonl")):
+    elif any(path.glob(f"*{PREDICTIONS_SUFFIX}")):
         what = "has predictions files but no manifest.json (a run that never finished writing?)"
     else:
         what = "has no manifest.json, so it is not a pytest-evalreplay run dir"
@@ -148,23 +151,6 @@ def _bad(where: str, what: str) -> EvalReplayError:
     return EvalReplayError(f"{where}: {what}")
 
 
-def _scores(value: Any, where: str, name: str) -> dict[str, float]:
-    """A {metric: number} object from a saved file (bools count as 0/1)."""
-    if not isinstance(value, dict):
-        raise _bad(where, f"{name!r} must be an object of metric -> number")
-    for v in value.values():
-        if type(v) is not float:
-            break
-    else:
-        return value  # the common case: what the plugin writes, all floats
-    out: dict[str, float] = {}
-    for metric, score in value.items():
-        if isinstance(score, bool) or not isinstance(score, (int, float)):
-            raise _bad(where, f"{name!r}: {metric!r} must be a number, got {score!r}")
-        out[metric] = float(score)
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class _Saved:
     """What one predictions row contributes: small, the row itself is not kept.
@@ -180,9 +166,8 @@ class _Saved:
 
 
 def _load_task(directory: Path, task: str) -> TaskSnapshot:
-    metrics_path = directory / f"{task}-metrics.json"
-    predictions_path = directory / f"{task}-predictions.jsonl"
-    requests_path = directory / f"{task}-requests.jsonl"
+    files = task_files(directory, task)
+    metrics_path, predictions_path, requests_path = files["metrics"], files["predictions"], files["requests"]
     if not metrics_path.is_file():
         raise EvalReplayError(
             f"{metrics_path}: missing; manifest.json lists task {task!r}, but its run never finished "
@@ -191,7 +176,7 @@ def _load_task(directory: Path, task: str) -> TaskSnapshot:
     doc = _load_json(metrics_path)
     if not isinstance(doc, dict):
         raise _bad(str(metrics_path), "must be a JSON object with 'metrics'")
-    metrics = _scores(doc.get("metrics"), str(metrics_path), "metrics")
+    metrics = scores_of(doc.get("metrics"), str(metrics_path), "metrics")
     elo = _elo_snapshot(doc.get("elo"), metrics_path)
 
     # Most instances have one row; only the others keep a list (fewer objects, faster).
@@ -218,19 +203,11 @@ def _load_task(directory: Path, task: str) -> TaskSnapshot:
     if requests_path.exists():
         first_stage: dict[str, int] = {}
         for lineno, _, row in jsonl_lines(requests_path, read_bytes(requests_path)):
-            if not isinstance(row, dict) or not isinstance(row.get("instance_id"), (str, int)):
-                raise _bad(
-                    f"{requests_path}:{lineno}", "a requests row is an object with a string 'instance_id'"
-                )
-            iid = str(row["instance_id"])
-            stage = row.get("stage", 1)
-            if type(stage) is not int:
-                raise _bad(f"{requests_path}:{lineno}", f"'stage' must be an integer, got {stage!r}")
-            if "context" not in row:
-                raise _bad(f"{requests_path}:{lineno}", "a requests row needs its 'context'")
+            fields = request_fields(row, f"{requests_path}:{lineno}")
+            iid, stage = fields.instance_id, fields.stage
             if iid not in first_stage or stage < first_stage[iid]:
                 first_stage[iid] = stage
-                prompts[iid] = prompt_line(row["context"])
+                prompts[iid] = prompt_line(fields.context)
     return TaskSnapshot(
         metrics=metrics,
         scores=instance_scores,
@@ -265,44 +242,29 @@ def _is_number(value: Any) -> bool:
 
 def _prediction_row(row: Any, path: Path, lineno: int) -> tuple[str, str, _Saved]:
     """A predictions row's instance, first generation's text, and what it contributes."""
-    if not isinstance(row, dict):
-        raise _bad(f"{path}:{lineno}", "a predictions row must be a JSON object")
-    iid = row.get("instance_id")
-    if not isinstance(iid, (str, int)) or isinstance(iid, bool):
-        raise _bad(f"{path}:{lineno}", "a predictions row needs a string 'instance_id'")
-    gens = row.get("generations")
-    if not isinstance(gens, list):
-        raise _bad(f"{path}:{lineno}", "'generations' must be a list")
-    if gens and not (isinstance(gens[0], dict) and isinstance(gens[0].get("text"), str)):
-        raise _bad(f"{path}:{lineno}", "a generation must be an object with a string 'text'")
-    stage = row.get("stage", 1)
-    if type(stage) is not int:
-        raise _bad(f"{path}:{lineno}", f"'stage' must be an integer, got {stage!r}")
-    scores = _scores(row.get("scores", {}), f"{path}:{lineno}", "scores")
-    saved = _Saved(stage, scores, len(gens), row.get("rollouts"), row.get("sample_scores"), lineno)
-    return str(iid), gens[0]["text"] if gens else "", saved
+    where = f"{path}:{lineno}"
+    fields = prediction_fields(row, where)
+    gens = fields.generations
+    if gens and not (type(gens[0]) is dict and type(gens[0].get("text")) is str):
+        raise _bad(where, "a generation must be an object with a string 'text'")
+    scores = scores_of(row.get("scores", {}), where, "scores")
+    saved = _Saved(fields.stage, scores, len(gens), row.get("rollouts"), row.get("sample_scores"), lineno)
+    return fields.instance_id, gens[0]["text"] if gens else "", saved
 
 
 def _samples(iid: str, saved: _Saved, where: str) -> list[tuple[int, dict[str, float]]]:
     """A row's samples as (rollout, scores); a null entry of `sample_scores`
     (a generation whose scoring failed) has no scores, never a 0."""
     n = saved.num_generations
-    rollouts = list(range(n)) if saved.rollouts is None else saved.rollouts
-    if not isinstance(rollouts, list) or len(rollouts) != n or any(type(r) is not int for r in rollouts):
-        raise _bad(where, "'rollouts' must list one sample index per generation")
-    raw = saved.sample_scores
-    if raw is None:
+    rollouts = rollouts_of(saved.rollouts, n, where)
+    if saved.sample_scores is None:
         raise _bad(
             where,
             f"instance {iid!r} has several predictions rows and this one has no 'sample_scores', "
             "so its samples cannot be pooled; rewrite the run dir with pytest --resume",
         )
-    if not isinstance(raw, list) or len(raw) != n:
-        raise _bad(where, "'sample_scores' must hold one object (or null) per generation")
-    return [
-        (r, {} if s is None else _scores(s, where, "sample_scores"))
-        for r, s in zip(rollouts, raw, strict=True)
-    ]
+    samples = sample_scores_of(saved.sample_scores, n, where)
+    return [(r, {} if s is None else s) for r, s in zip(rollouts, samples, strict=True)]
 
 
 def _pooled_scores(iid: str, rows: list[_Saved], path: Path) -> dict[str, float]:

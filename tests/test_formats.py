@@ -18,6 +18,7 @@ from pytest_evalreplay import EvalReplayError, EvalTask, GenerationError, Reques
 from pytest_evalreplay.formats import lm_eval, load, native, olmo_eval
 from pytest_evalreplay.formats.saved import IndexBuilder
 from pytest_evalreplay.providers.replay import ReplayProvider
+from pytest_evalreplay.runschema import request_row_of
 
 
 def jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
@@ -43,7 +44,7 @@ def native_pred(iid: str, text: str, **extra: Any) -> dict[str, Any]:
 
 def test_requests_in_another_order_than_predictions(tmp_path: Path) -> None:
     requests = [req(f"q{i}", f"prompt {i}") for i in range(6)]
-    jsonl(tmp_path / "t-requests.jsonl", [r.to_row() for r in reversed(requests)])
+    jsonl(tmp_path / "t-requests.jsonl", [request_row_of(r) for r in reversed(requests)])
     jsonl(tmp_path / "t-predictions.jsonl", [native_pred(f"q{i}", f"a{i}") for i in (0, 2, 4, 5)])
     results = ReplayProvider.from_path(tmp_path).generate(requests)
     assert texts(results)[0::2] == [["a0"], ["a2"], ["a4"]]
@@ -53,7 +54,7 @@ def test_requests_in_another_order_than_predictions(tmp_path: Path) -> None:
 
 def test_rows_appended_twice_by_a_resumed_run(tmp_path: Path) -> None:
     a, b = req("a", "pa", num_samples=2), req("b", "pb", num_samples=2)
-    jsonl(tmp_path / "t-requests.jsonl", [a.to_row(), b.to_row(), a.to_row()])
+    jsonl(tmp_path / "t-requests.jsonl", [request_row_of(a), request_row_of(b), request_row_of(a)])
     jsonl(
         tmp_path / "t-predictions.jsonl",
         [
@@ -67,14 +68,16 @@ def test_rows_appended_twice_by_a_resumed_run(tmp_path: Path) -> None:
 
 def test_each_appended_predictions_row_joins_its_own_requests_row(tmp_path: Path) -> None:
     # a log appended batch by batch: each batch's requests row precedes its predictions row
-    jsonl(tmp_path / "t-requests.jsonl", [req("a", "one").to_row(), req("a", "two").to_row()])
+    jsonl(tmp_path / "t-requests.jsonl", [request_row_of(req("a", "one")), request_row_of(req("a", "two"))])
     jsonl(tmp_path / "t-predictions.jsonl", [native_pred("a", "x"), native_pred("a", "y")])
     results = ReplayProvider.from_path(tmp_path).generate([req("a", "one"), req("a", "two")])
     assert texts(results) == [["x"], ["y"]]
 
 
 def test_an_instance_with_two_prompts_and_no_order_to_tell_is_rejected(tmp_path: Path) -> None:
-    path = jsonl(tmp_path / "t-requests.jsonl", [req("a", "one").to_row(), req("a", "two").to_row()])
+    path = jsonl(
+        tmp_path / "t-requests.jsonl", [request_row_of(req("a", "one")), request_row_of(req("a", "two"))]
+    )
     jsonl(tmp_path / "t-predictions.jsonl", [native_pred("a", "x")] * 3)
     expected = rf"{re.escape(str(path))}: instance 'a' \(stage 1\) appears with different prompts"
     with pytest.raises(EvalReplayError, match=expected):
@@ -82,7 +85,9 @@ def test_an_instance_with_two_prompts_and_no_order_to_tell_is_rejected(tmp_path:
 
 
 def test_a_bad_requests_line_after_the_last_prediction_is_reported(tmp_path: Path) -> None:
-    path = jsonl(tmp_path / "t-requests.jsonl", [req("a", "x").to_row(), req("b", "y").to_row()])
+    path = jsonl(
+        tmp_path / "t-requests.jsonl", [request_row_of(req("a", "x")), request_row_of(req("b", "y"))]
+    )
     path.write_bytes(path.read_bytes() + b"{oops\n")
     jsonl(tmp_path / "t-predictions.jsonl", [native_pred("a", "x")])
     with pytest.raises(EvalReplayError, match=rf"{re.escape(str(path))}:3: not valid JSON"):
@@ -90,16 +95,15 @@ def test_a_bad_requests_line_after_the_last_prediction_is_reported(tmp_path: Pat
 
 
 def test_a_requests_row_without_a_context_names_its_line(tmp_path: Path) -> None:
-    path = jsonl(tmp_path / "t-requests.jsonl", [req("a", "x").to_row(), {"instance_id": "b"}])
+    path = jsonl(tmp_path / "t-requests.jsonl", [request_row_of(req("a", "x")), {"instance_id": "b"}])
     jsonl(tmp_path / "t-predictions.jsonl", [native_pred("a", "x"), native_pred("b", "y")])
-    with pytest.raises(
-        EvalReplayError, match=rf"{re.escape(str(path))}:2: a requests row needs .*'request_type' is missing"
-    ):
+    expected = rf"{re.escape(str(path))}:2: a requests row needs its 'context'$"
+    with pytest.raises(EvalReplayError, match=expected):
         load(tmp_path)
 
 
 def test_the_other_files_of_a_run_dir_are_ignored(tmp_path: Path) -> None:
-    jsonl(tmp_path / "t-requests.jsonl", [req("a", "x").to_row()])
+    jsonl(tmp_path / "t-requests.jsonl", [request_row_of(req("a", "x"))])
     jsonl(tmp_path / "t-predictions.jsonl", [native_pred("a", "y")])
     (tmp_path / "manifest.json").write_text('{"format": "evalreplay/1", "model": "m"}')
     (tmp_path / "t-metrics.json").write_text("{not json")
@@ -416,7 +420,7 @@ def test_the_plugins_files_take_the_in_step_way_and_read_the_same(
     requests = [
         req(f"q{i}", f"question {i}", system_prompt=None if i % 3 else "Be brief.") for i in range(600)
     ]
-    jsonl(tmp_path / "t-requests.jsonl", [r.to_row() for r in requests])
+    jsonl(tmp_path / "t-requests.jsonl", [request_row_of(r) for r in requests])
     jsonl(
         tmp_path / "t-predictions.jsonl",
         [native_pred(r.instance_id, f"answer {n}") for n, r in enumerate(requests)],
@@ -463,7 +467,7 @@ def test_what_the_in_step_way_leaves_to_the_general_way_reads_the_same(
         predictions[400] = {**predictions[400], "model": "other"}
     elif change == "a predictions row missing":
         del predictions[200]
-    jsonl(tmp_path / "t-requests.jsonl", [r.to_row() for r in requests])
+    jsonl(tmp_path / "t-requests.jsonl", [request_row_of(r) for r in requests])
     path = jsonl(tmp_path / "t-predictions.jsonl", predictions)
     if change == "a blank line":
         path.write_bytes(path.read_bytes().replace(b"\n", b"\n\n", 1))
@@ -474,7 +478,7 @@ def test_what_the_in_step_way_leaves_to_the_general_way_reads_the_same(
 
 
 def test_the_in_step_way_leaves_nothing_behind_when_it_gives_up(tmp_path: Path) -> None:
-    requests = [req(f"q{i}", f"question {i}").to_row() for i in range(1000)]
+    requests = [request_row_of(req(f"q{i}", f"question {i}")) for i in range(1000)]
     requests[900] = {**requests[900], "stage": 2}  # in a later block than the first
     lines = [orjson.dumps(r) for r in requests]
     data = b"".join(orjson.dumps(native_pred(f"q{i}", "x")) + b"\n" for i in range(1000))
@@ -505,7 +509,7 @@ def test_any_run_dir_reads_the_same_both_ways(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, rows: list[Any]
 ) -> None:
     directory = tmp_path_factory.mktemp("run")
-    jsonl(directory / "t-requests.jsonl", [req(i, c, system_prompt=s).to_row() for i, c, s, _ in rows])
+    jsonl(directory / "t-requests.jsonl", [request_row_of(req(i, c, system_prompt=s)) for i, c, s, _ in rows])
     jsonl(
         directory / "t-predictions.jsonl",
         [{**native_pred(i, ""), "generations": [{"text": t} for t in g]} for i, _, _, g in rows],

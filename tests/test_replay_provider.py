@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pytest_evalreplay import EvalReplayError, EvalTask, Generation, GenerationError, Request
 from pytest_evalreplay.providers import make_builtin
 from pytest_evalreplay.providers.replay import ReplayProvider, from_settings
+from pytest_evalreplay.runschema import request_row_of
 from pytest_evalreplay.settings import Settings
 
 
@@ -31,7 +32,7 @@ def pred(iid: str, *texts: str, model: str | None = "m", **extra: Any) -> dict[s
 def save(directory: Path, task: str, requests: list[Request], predictions: list[dict[str, Any]]) -> Path:
     """A run dir's pair of files for one task, as the plugin writes them."""
     directory.mkdir(parents=True, exist_ok=True)
-    jsonl(directory / f"{task}-requests.jsonl", [r.to_row() for r in requests])
+    jsonl(directory / f"{task}-requests.jsonl", [request_row_of(r) for r in requests])
     return jsonl(directory / f"{task}-predictions.jsonl", predictions)
 
 

@@ -12,7 +12,7 @@ Two ways through a file pair, with the same result:
 
 - in step (`_load_in_step`), for the files the plugin writes: both files the
   same length, row i of one answering row i of the other, requests rows of
-  plain text generation (the six keys `Request.to_row` writes). Requests rows
+  plain text generation (the six keys of `runschema.REQUEST_FIELDS`). Requests rows
   are parsed in small blocks with C-level passes (no Python work per row); of
   a predictions row only its beginning `{"instance_id":"..","model":..,"generations":[`
   is compared with what orjson writes for row i's id, the rest is parsed (and
@@ -40,24 +40,29 @@ from pytest_evalreplay.formats.saved import (
     IndexBuilder,
     IndexKey,
     SavedRow,
-    bad_field,
-    bad_row,
     generation_from_row,
     index_key,
     list_dir,
     malformed_at,
-    not_an_object,
     only_files,
     require_file,
     rows_of,
     split_lines,
 )
 from pytest_evalreplay.model import EvalReplayError, show
+from pytest_evalreplay.rowfields import bad_field, not_an_object
+from pytest_evalreplay.runschema import (
+    JUDGE_PREDICTIONS_SUFFIX,
+    MANIFEST,
+    PREDICTIONS_SUFFIX,
+    REQUEST_FIELDS,
+    REQUESTS_SUFFIX,
+    prediction_fields,
+    read_manifest,
+    request_fields,
+    rollouts_of,
+)
 
-PREDICTIONS_SUFFIX = "-predictions.jsonl"
-REQUESTS_SUFFIX = "-requests.jsonl"
-JUDGE_PREDICTIONS_SUFFIX = "-judge-predictions.jsonl"
-MANIFEST_FORMAT = "evalreplay/1"
 LAYOUT = "evalreplay"
 LOOK_AHEAD = 8  # requests rows skipped in step (instances that failed) before joining by id
 BLOCK = 256  # rows per block on the in-step way: a block's parsed rows stay in the CPU's cache
@@ -66,15 +71,13 @@ BLOCK = 256  # rows per block on the in-step way: a block's parsed rows stay in 
 JoinKey = Any
 _AMBIGUOUS = object()  # a join key with two different prompts in the requests file
 
-# The prefix of a predictions row as orjson writes `rundir.prediction_row`: an
+# The prefix of a predictions row as orjson writes `runschema.prediction_row`: an
 # id and a model with nothing escaped, then the generations list.
 _FIRST = re.compile(
     rb'\{"instance_id":"([^"\\\x00-\x1f]+)","model":("[^"\\\x00-\x1f]*"|null),"generations":\['
 )
 _ESCAPED = re.compile(rb'["\\\x00-\x1f]')  # what JSON writes escaped in a string
-_REQUEST_FIELDS = itemgetter(
-    "instance_id", "request_type", "context", "system_prompt", "num_samples", "sampling"
-)
+_REQUEST_FIELDS = itemgetter(*REQUEST_FIELDS)
 _SIX = {6}
 _STR = {str}
 _STR_OR_NONE = {str, type(None)}
@@ -93,7 +96,7 @@ def prediction_files(directory: Path) -> list[Path]:
 
 
 def load_dir(builder: IndexBuilder, directory: Path) -> None:
-    builder.fallback_model = manifest_model(directory / "manifest.json")
+    builder.fallback_model = manifest_model(directory / MANIFEST)
     for path in prediction_files(directory):
         load_file(builder, path)
 
@@ -101,26 +104,8 @@ def load_dir(builder: IndexBuilder, directory: Path) -> None:
 def manifest_model(manifest: Path) -> str | None:
     """The manifest's model, the name replay reports when rows carry none.
     A manifest is optional; one that is there must be ours and readable."""
-    if not manifest.exists():
-        return None
-    try:
-        doc = orjson.loads(read_bytes(manifest).removeprefix(b"\xef\xbb\xbf"))
-    except orjson.JSONDecodeError as exc:
-        raise EvalReplayError(
-            f"{manifest}: not valid JSON ({exc}); fix or delete it (replay reads only its model's name)"
-        ) from None
-    if type(doc) is not dict:
-        raise not_an_object(str(manifest), "a run dir manifest", doc)
-    fmt = doc.get("format", MANIFEST_FORMAT)
-    if fmt != MANIFEST_FORMAT:
-        raise EvalReplayError(
-            f"{manifest}: run dir format {show(fmt)}, and this version of pytest-evalreplay reads "
-            f"{MANIFEST_FORMAT!r}: replay it with the version that wrote it, or upgrade"
-        )
-    model = doc.get("model")
-    if model is not None and type(model) is not str:
-        raise bad_field(str(manifest), "model", "a string or null", model)
-    return model
+    found = read_manifest(manifest)
+    return None if found is None else found.model
 
 
 def load_file(builder: IndexBuilder, path: Path) -> None:
@@ -164,7 +149,7 @@ def _load_in_step(builder: IndexBuilder, path: Path, task: str, requests: list[b
         for a in range(0, n, BLOCK):
             b = min(a + BLOCK, n)
             rows = list(map(loads, requests[a:b]))
-            # Exactly the six keys `Request.to_row` writes for a plain text request:
+            # Exactly the six keys `runschema.request_row` writes for a plain text request:
             # no stage, images or tools (those take the general way).
             ids, kinds, contexts, systems, _, _ = zip(*map(_REQUEST_FIELDS, rows), strict=True)
             if set(map(len, rows)) != _SIX:
@@ -280,19 +265,8 @@ def _load_general(
     model: Any = None
     for lineno, row in rows_of(path, lines):
         where = f"{path}:{lineno}"
-        if type(row) is not dict:
-            raise not_an_object(where, "a predictions row", row)
-        if "instance_id" not in row or "generations" not in row:
-            raise bad_row(path, lineno, "a predictions row needs 'instance_id' and 'generations'")
-        iid = row["instance_id"]
-        if type(iid) is not str:
-            raise bad_field(where, "instance_id", "a string", iid)
-        stage = stage_of(row, where)
-        if type(row["generations"]) is not list:
-            raise bad_field(where, "generations", "a list", row["generations"])
-        row_model = row.get("model")
-        if row_model is not None and type(row_model) is not str:
-            raise bad_field(where, "model", "a string or null", row_model)
+        fields = prediction_fields(row, where)
+        iid, stage, row_model = fields.instance_id, fields.stage, fields.model
         k = iid if stage == 1 else (stage, iid)
         if i < n and joins[i] == k:
             key = prompts[i]
@@ -327,13 +301,6 @@ def _load_general(
         builder.insert(key, base + lineno - 1)
 
 
-def stage_of(row: dict[str, Any], where: str) -> int:
-    stage = row.get("stage", 1)
-    if type(stage) is not int or stage < 1:
-        raise bad_field(where, "stage", "a positive integer", stage)
-    return stage
-
-
 def read_requests(path: Path, lines: list[bytes]) -> tuple[list[JoinKey], list[IndexKey | None]]:
     """Each requests row's join key and prompt key, in file order; the prompt
     key is None for rows replay skips (loglikelihood, images, tools)."""
@@ -341,42 +308,15 @@ def read_requests(path: Path, lines: list[bytes]) -> tuple[list[JoinKey], list[I
     prompts: list[IndexKey | None] = []
     for lineno, row in rows_of(path, lines):
         where = f"{path}:{lineno}"
-        if type(row) is not dict:
-            raise not_an_object(where, "a requests row", row)
-        for name in ("instance_id", "request_type", "context"):
-            if name not in row:
-                raise bad_row(
-                    path,
-                    lineno,
-                    f"a requests row needs 'instance_id', 'request_type' and 'context'; {name!r} is missing",
-                )
-        iid = row["instance_id"]
-        if type(iid) is not str:
-            raise bad_field(where, "instance_id", "a string", iid)
-        stage = stage_of(row, where)
-        kind = row["request_type"]
-        if type(kind) is not str:
-            raise bad_field(where, "request_type", "'generate' or 'loglikelihood'", kind)
-        context = row["context"]
-        if type(context) is not str and type(context) is not list:
-            raise bad_field(where, "context", "a string or a list of chat messages", context)
-        system = row.get("system_prompt")
-        if system is not None and type(system) is not str:
-            raise bad_field(where, "system_prompt", "a string or null", system)
-        extras = False
-        for name in ("images", "tools"):
-            value = row.get(name)
-            if value is not None and type(value) is not list:
-                raise bad_field(where, name, "a list or null", value)
-            extras = extras or bool(value)
-        if kind == "generate" and not extras:
+        fields = request_fields(row, where)
+        if fields.request_type == "generate" and not fields.extras:
             try:
-                prompts.append(index_key(context, system))
+                prompts.append(index_key(fields.context, fields.system_prompt))
             except TypeError as exc:
-                raise bad_field(where, "context", f"JSON orjson can encode ({exc})", context) from None
+                raise bad_field(where, "context", f"JSON orjson can encode ({exc})", fields.context) from None
         else:
             prompts.append(None)
-        joins.append(iid if stage == 1 else (stage, iid))
+        joins.append(fields.instance_id if fields.stage == 1 else (fields.stage, fields.instance_id))
     return joins, prompts
 
 
@@ -412,30 +352,12 @@ def parse(blob: bytes, where: str) -> dict[str, Any]:
 
 
 def row_from(row: dict[str, Any], where: str, file: Path) -> SavedRow:
-    iid = row.get("instance_id")
-    if type(iid) is not str:
-        raise bad_field(where, "instance_id", "a string", iid)
-    gens = row.get("generations")
-    if type(gens) is not list:
-        raise bad_field(where, "generations", "a list", gens)
-    generations = tuple(generation_from_row(g, where, i) for i, g in enumerate(gens))
-    rollouts = row.get("rollouts")
-    if rollouts is None:
-        rollouts = list(range(len(generations)))
-    elif (
-        type(rollouts) is not list
-        or len(rollouts) != len(generations)
-        or not all(type(r) is int and r >= 0 for r in rollouts)
-        or len(set(rollouts)) != len(rollouts)
-    ):
-        raise EvalReplayError(
-            f"{where}: 'rollouts' must list one distinct sample index per generation "
-            f"({len(generations)} generations, rollouts {show(rollouts)}); fix or delete that line"
-        )
+    fields = prediction_fields(row, where)
+    generations = tuple(generation_from_row(g, where, i) for i, g in enumerate(fields.generations))
     return SavedRow(
-        instance_id=iid,
-        stage=stage_of(row, where),
-        rollouts=tuple(rollouts),
+        instance_id=fields.instance_id,
+        stage=fields.stage,
+        rollouts=rollouts_of(row.get("rollouts"), len(generations), where),
         generations=generations,
         where=where,
         file=file,

@@ -29,7 +29,8 @@ from typing import Any
 import orjson
 
 from pytest_evalreplay.files import os_error, read_bytes
-from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, show, type_name
+from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, show
+from pytest_evalreplay.rowfields import bad_field, not_an_object
 
 # A prompt in the index: the context alone (a str, or for chat messages their
 # canonical JSON as bytes) when there is no system prompt, else the pair. Most
@@ -368,23 +369,6 @@ def malformed_at(where: str, exc: Exception) -> EvalReplayError:
 def bad_row(path: Path | str, lineno: int | None, expected: str) -> EvalReplayError:
     where = f"{path}:{lineno}" if lineno is not None else str(path)
     return EvalReplayError(f"{where}: {expected}; fix or delete that line (was the file written by hand?)")
-
-
-def bad_field(where: str, name: str, expected: str, value: Any) -> EvalReplayError:
-    """A field of the wrong type, by its path in the row."""
-    return EvalReplayError(
-        f"{where}: {name!r} must be {expected}, got {_described(value)}; fix or delete that line"
-    )
-
-
-def _described(value: Any) -> str:
-    return "null" if value is None else f"{type_name(value)} ({show(value, 40)})"
-
-
-def not_an_object(where: str, what: str, value: Any) -> EvalReplayError:
-    return EvalReplayError(
-        f"{where}: {what} must be a JSON object, got {_described(value)}; fix or delete that line"
-    )
 
 
 def first_row(path: Path) -> object:
