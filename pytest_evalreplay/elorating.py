@@ -15,7 +15,8 @@ from pytest_evalreplay.planning import TaskPlan
 from pytest_evalreplay.stagelog import StageLog
 
 if TYPE_CHECKING:
-    from pytest_evalreplay.elo import EloFit, JudgmentTable
+    from pytest_evalreplay.elo import EloFit
+    from pytest_evalreplay.elo_table import JudgmentTable
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Ratings:
         return rows
 
     def table(self, upto: int, only: int | None = None) -> JudgmentTable:
-        from pytest_evalreplay.elo import tabulate
+        from pytest_evalreplay.elo_table import tabulate
 
         return tabulate(self.judged_rows(upto, only), self.references)
 

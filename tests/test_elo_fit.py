@@ -15,13 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import optimize, special
 
-from pytest_evalreplay import elo
-from pytest_evalreplay.elo import EloFit, Judgment, JudgmentTable, fit_elo, tabulate
+from pytest_evalreplay import elo, elo_bootstrap, elo_solve
+from pytest_evalreplay.elo import EloFit, fit_elo
+from pytest_evalreplay.elo_table import Judgment, JudgmentTable, ReferenceCounts, tabulate
 from pytest_evalreplay.model import EvalReplayError
 
 REFS = {"r1000": 1000.0, "r1150": 1150.0, "r1300": 1300.0, "r1450": 1450.0, "r1600": 1600.0}
 NAMES = sorted(REFS)
-LO, HI = 1000.0 - elo.DEFAULT_MARGIN, 1600.0 + elo.DEFAULT_MARGIN
+LO, HI = 1000.0 - elo_solve.DEFAULT_MARGIN, 1600.0 + elo_solve.DEFAULT_MARGIN
 
 
 def score_rows(scores: np.ndarray, names: Sequence[str] = NAMES) -> list[tuple[str, str, float]]:
@@ -44,7 +45,7 @@ def count_rows(counts: Mapping[str, tuple[int, int, int]], tasks: int = 3) -> li
 
 
 def raw_loglik(r: float, rows: Sequence[Sequence[Any]]) -> float:
-    z = np.array([elo.SLOPE * (r - REFS[row[1]]) for row in rows])
+    z = np.array([elo_solve.SLOPE * (r - REFS[row[1]]) for row in rows])
     y = np.array([row[2] for row in rows], dtype=float)
     return float(np.sum(y * special.log_expit(z) + (1 - y) * special.log_expit(-z)))
 
@@ -75,8 +76,8 @@ def test_tabulate_counts_per_task_and_reference() -> None:
     assert table.counts.tolist() == [[2.0, 1.0], [1.0, 1.0]]
     assert table.num_judgments == 5
     assert table.reference_counts() == (
-        elo.ReferenceCounts("r1000", 1000.0, wins=2, ties=1, losses=0),
-        elo.ReferenceCounts("r1300", 1300.0, wins=0, ties=0, losses=2),
+        ReferenceCounts("r1000", 1000.0, wins=2, ties=1, losses=0),
+        ReferenceCounts("r1300", 1300.0, wins=0, ties=0, losses=2),
     )
     assert table.reference_counts()[0].score == pytest.approx(2.5 / 3)
 
@@ -131,7 +132,7 @@ def test_single_reference_has_the_closed_form() -> None:
     fit = fit_elo(tabulate(count_rows({"r1300": (6, 2, 2)}), REFS), n_boot=0)
     assert fit.rating == pytest.approx(1300 + 400 * math.log10(7 / 3), abs=1e-6)
     p = 0.7
-    assert fit.se == pytest.approx(1 / (elo.SLOPE * math.sqrt(10 * p * (1 - p))), rel=1e-6)
+    assert fit.se == pytest.approx(1 / (elo_solve.SLOPE * math.sqrt(10 * p * (1 - p))), rel=1e-6)
 
 
 def test_all_ties_rate_at_the_references() -> None:
@@ -161,14 +162,14 @@ def test_vectorised_solver_matches_a_scalar_root_finder() -> None:
     e = np.array([REFS[n] for n in NAMES])
     counts = rng.integers(0, 6, size=(300, 5)).astype(float)
     sums = np.floor(rng.random((300, 5)) * (2 * counts + 1)) / 2  # 0 .. N in halves
-    ratings, codes = elo.solve_ratings(sums, counts, e, LO, HI)
+    ratings, codes = elo_solve.solve_ratings(sums, counts, e, LO, HI)
     for s, n, r, code in zip(sums, counts, ratings, codes, strict=True):
         if n.sum() == 0:
             assert math.isnan(r)
             continue
 
         def score(x: float, s: np.ndarray = s, n: np.ndarray = n) -> float:
-            return float(np.sum(s - n * special.expit(elo.SLOPE * (x - e))))
+            return float(np.sum(s - n * special.expit(elo_solve.SLOPE * (x - e))))
 
         if score(HI) >= 0:
             assert (r, code) == (HI, 1)
@@ -185,7 +186,7 @@ def test_all_wins_is_an_upper_bound_with_an_exact_lower_limit() -> None:
     limit, open_end = fit.ci95
     assert open_end is None and limit is not None and limit < 1450.0 + 400
     # At the limit, winning all 7 has probability 5%.
-    p = special.expit(elo.SLOPE * (limit - np.array([1000.0, 1450.0])))
+    p = special.expit(elo_solve.SLOPE * (limit - np.array([1000.0, 1450.0])))
     assert 4 * math.log(p[0]) + 3 * math.log(p[1]) == pytest.approx(math.log(0.05), abs=1e-6)
     assert fit.note is not None and "scored 7 of 7" in fit.note and "lower limit" in fit.note
 
@@ -195,7 +196,8 @@ def test_all_losses_is_a_lower_bound_with_an_exact_upper_limit() -> None:
     assert (fit.rating, fit.bound, fit.se) == (1150.0 - 400, "lower", None)  # the judged references' range
     open_end, limit = fit.ci95
     assert open_end is None and limit is not None
-    assert 9 * math.log(1 - special.expit(elo.SLOPE * (limit - 1150.0))) == pytest.approx(math.log(0.05))
+    sweep_loglik = 9 * math.log(1 - special.expit(elo_solve.SLOPE * (limit - 1150.0)))
+    assert sweep_loglik == pytest.approx(math.log(0.05))
 
 
 def test_a_rating_beyond_the_range_is_clamped_with_a_profile_limit() -> None:
@@ -230,18 +232,18 @@ def test_one_task_gets_a_fisher_interval_and_says_so() -> None:
 
 
 def test_bootstrap_weights_resample_tasks() -> None:
-    chunks = list(elo._task_weights(7, 25, seed=4))
+    chunks = list(elo_bootstrap._task_weights(7, 25, seed=4))
     weights = np.vstack(chunks)
     assert weights.shape == (25, 7)
     assert np.all(weights.sum(axis=1) == 7)  # each resample draws T tasks
-    assert np.array_equal(weights, np.vstack(list(elo._task_weights(7, 25, seed=4))))
-    assert not np.array_equal(weights, np.vstack(list(elo._task_weights(7, 25, seed=5))))
+    assert np.array_equal(weights, np.vstack(list(elo_bootstrap._task_weights(7, 25, seed=4))))
+    assert not np.array_equal(weights, np.vstack(list(elo_bootstrap._task_weights(7, 25, seed=5))))
 
 
 def test_bootstrap_equals_refitting_each_resample() -> None:
     table = simulated_table(np.random.default_rng(8), 1250.0, 12, 2)
-    boot = elo.bootstrap_ratings([table], n_boot=20, seed=1)[0]
-    weights = np.vstack(list(elo._task_weights(12, 20, seed=1)))
+    boot = elo_bootstrap.bootstrap_ratings([table], n_boot=20, seed=1)[0]
+    weights = np.vstack(list(elo_bootstrap._task_weights(12, 20, seed=1)))
     for w, r in zip(weights, boot, strict=True):
         rows = [
             (f"{task}#{copy}", ref, score)
@@ -455,7 +457,7 @@ def test_rating_is_monotone_in_wins(counts: dict[str, tuple[int, int, int]], dat
 @given(count_maps)
 def test_rating_is_finite_and_in_range(counts: dict[str, tuple[int, int, int]]) -> None:
     fit = _fit(counts)
-    lo, hi = elo.rating_range([REFS[name] for name, record in counts.items() if sum(record)])
+    lo, hi = elo_solve.rating_range([REFS[name] for name, record in counts.items() if sum(record)])
     assert fit.rating is not None and lo <= fit.rating <= hi
     wins_only = all(t == lo == 0 for _, t, lo in counts.values())
     losses_only = all(w == t == 0 for w, t, _ in counts.values())

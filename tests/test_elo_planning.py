@@ -16,13 +16,8 @@ import numpy as np
 import pytest
 
 from pytest_evalreplay import elo
-from pytest_evalreplay.elo import (
-    Judgment,
-    choose_references,
-    cumulative_fits,
-    fit_elo,
-    tabulate,
-)
+from pytest_evalreplay.elo import choose_references, cumulative_fits, fit_elo
+from pytest_evalreplay.elo_table import Judgment, tabulate
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.stages import draw_stage_tasks
 

@@ -1,5 +1,5 @@
-"""The bootstrap interval's small-sample expansion in elo.py: with T tasks the
-plain percentile interval is too narrow (its resampling variance is (T-1)/T of
+"""The bootstrap interval's small-sample expansion (elo_bootstrap.py): with T
+tasks the plain percentile interval is too narrow (its resampling variance is (T-1)/T of
 the true one), so fit_elo and compare_ratings move the 2.5% level to where a
 normal quantile matches a t quantile with T-1 degrees of freedom scaled by
 sqrt(T/(T-1)) (Hesterberg's expanded percentile interval). Each expected value
@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_evalreplay import elo
-from pytest_evalreplay.elo import JudgmentTable, bootstrap_ratings, compare_ratings, fit_elo, tabulate
+from pytest_evalreplay import elo, elo_bootstrap
+from pytest_evalreplay.elo import compare_ratings, fit_elo
+from pytest_evalreplay.elo_bootstrap import bootstrap_ratings
+from pytest_evalreplay.elo_table import JudgmentTable, tabulate
 
 REFS = {"r1000": 1000.0, "r1200": 1200.0, "r1400": 1400.0, "r1600": 1600.0}
 N_BOOT = 4000
@@ -42,12 +44,12 @@ def table(tasks: int, seed: int, truth: float = 1300.0) -> JudgmentTable:
 
 @pytest.mark.parametrize(("tasks", "level"), [(2, 1.70e-72), (3, 6.83e-8), (5, 9.54e-4), (10, 8.55e-3)])
 def test_the_expanded_tail_is_far_below_2_5_percent_at_few_tasks(tasks: int, level: float) -> None:
-    assert elo._expanded_tail(0.025, tasks) == pytest.approx(expanded(0.025, tasks), rel=1e-9)
-    assert elo._expanded_tail(0.025, tasks) == pytest.approx(level, rel=0.05)
+    assert elo_bootstrap.expanded_tail(0.025, tasks) == pytest.approx(expanded(0.025, tasks), rel=1e-9)
+    assert elo_bootstrap.expanded_tail(0.025, tasks) == pytest.approx(level, rel=0.05)
 
 
 def test_the_expansion_fades_as_tasks_grow() -> None:
-    tails = [elo._expanded_tail(0.025, t) for t in (2, 3, 5, 10, 40, 200, 5000)]
+    tails = [elo_bootstrap.expanded_tail(0.025, t) for t in (2, 3, 5, 10, 40, 200, 5000)]
     assert tails == sorted(tails) and all(t < 0.025 for t in tails)
     assert tails[-1] == pytest.approx(0.025, abs=2e-4)
 
@@ -96,4 +98,5 @@ def test_the_paired_comparison_uses_the_same_expansion_for_its_interval_and_p_va
 @pytest.mark.parametrize("p", [0.001, 0.025, 0.3])
 def test_the_p_value_mapping_inverts_the_interval_expansion(tasks: int, p: float) -> None:
     """So that p < 0.025 goes with an interval that excludes 0."""
-    assert elo._unexpanded_tail(elo._expanded_tail(p, tasks), tasks) == pytest.approx(p, rel=1e-9)
+    expanded_p = elo_bootstrap.expanded_tail(p, tasks)
+    assert elo_bootstrap.unexpanded_tail(expanded_p, tasks) == pytest.approx(p, rel=1e-9)
