@@ -25,9 +25,9 @@ import orjson
 from filelock import FileLock, Timeout
 
 from pytest_evalreplay.files import atomic_write, os_error
-from pytest_evalreplay.journal import JournalIndex, RequestKey
+from pytest_evalreplay.journal import JournalIndex
 from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome
-from pytest_evalreplay.model import EvalReplayError, Generation
+from pytest_evalreplay.model import EvalReplayError, Generation, RequestKey
 from pytest_evalreplay.runschema import FORMAT, MANIFEST, prediction_row, request_row, task_files
 
 SESSION_LOCK = ".evalreplay-session.lock"
