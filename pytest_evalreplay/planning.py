@@ -51,7 +51,6 @@ class Decisions:
     prior_attempts: dict[RequestKey, int] = field(default_factory=dict)
     changed_request: int = 0  # run again because the journal's request differs from today's
     changed_provider: int = 0  # run again because another provider configuration made it
-    notes: list[str] = field(default_factory=list)
 
 
 def decide(

@@ -206,3 +206,19 @@ def test_unreadable_replies_kept_as_ties_when_the_judge_says_so_are_still_counte
     stages = project.elo()["stages"]
     assert stages[0]["ties"] == stages[0]["unreadable"] == 4 * 3 * 2  # tasks x references x trials
     assert "24 (24 unreadable replies)" in result.stdout  # the stage table
+
+
+def test_verdicts_in_the_journal_are_judged_again_not_trusted_on_resume(tmp_path):
+    project = Project(tmp_path, seed="3")
+    assert project.run().returncode == 0
+    rating = project.elo()["rating"]
+    journal = project.out / "memo-journal.jsonl"
+    rows = [orjson.loads(x) for x in journal.read_bytes().splitlines()]
+    for row in rows:  # every verdict turned into a win, by hand
+        if row["type"] == "score" and row.get("judgments"):
+            row["judgments"] = {ref: [1.0 for _ in v] for ref, v in row["judgments"].items()}
+            row["scores"] = dict.fromkeys(row["judgments"], 1.0)
+    journal.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    result = project.run("--resume")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert project.elo()["rating"] == rating
