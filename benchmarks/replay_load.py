@@ -31,6 +31,7 @@ import orjson
 
 from pytest_evalreplay.model import Generation, Request
 from pytest_evalreplay.providers.replay import ReplayProvider
+from pytest_evalreplay.runschema import request_row_of
 
 
 def write_run_dir(directory: Path, rows: int, files: int) -> int:
@@ -55,7 +56,7 @@ def write_run_dir(directory: Path, rows: int, files: int) -> int:
                 prompt_tokens=14,
                 completion_tokens=6,
             )
-            requests.append(orjson.dumps(req.to_row()))
+            requests.append(orjson.dumps(request_row_of(req)))
             predictions.append(
                 orjson.dumps(
                     {

@@ -173,14 +173,15 @@ class EloRun(Rollouts):
             return self.not_generated(key)
         index = self.recorder.index
         generation = self.elo.pool.postprocess(index.generation(gen))
-        base = {"task": self.name, "stage": key[0], "instance_id": key[1], "rollout": key[2]}
         score = index.score_of(key, gen)
-        if score is None:
-            error = f"stage {key[0]} was not judged; run again with --resume"
-            return RolloutResult(**base, generation=generation, error=error, failure_class="judging")
-        if score.error is not None:
-            return RolloutResult(**base, generation=generation, error=score.error, failure_class="judging")
-        return RolloutResult(**base, generation=generation, scores=dict(score.scores or {}))
+        if score is None or score.error is not None:
+            error = (
+                score.error
+                if score is not None
+                else f"stage {key[0]} was not judged; run again with --resume"
+            )
+            return self.result_of(key, generation=generation, error=error, failure_class="judging")
+        return self.result_of(key, generation=generation, scores=dict(score.scores or {}))
 
     def complete(self) -> TaskOutcome:
         """Drive every stage this session selected items of (a gate), then the numbers."""
@@ -188,7 +189,7 @@ class EloRun(Rollouts):
         if self.selected:
             self.advance(max(key[0] for key in self.selected))
         self.recorder.flush()
-        return self._outcome()
+        return self.outcome_now()
 
     # -- the pipeline ---------------------------------------------------------------------
 
@@ -323,7 +324,7 @@ class EloRun(Rollouts):
 
     # -- the end ------------------------------------------------------------------------------
 
-    def _outcome(self) -> TaskOutcome:
+    def outcome_now(self) -> TaskOutcome:
         base = task_outcome(
             self.plan,
             self.recorder.index,
@@ -334,19 +335,9 @@ class EloRun(Rollouts):
         self.outcome = self.ratings.with_rating(base, self.log(), self.plans, len(self.elo.stages))
         return self.outcome
 
-    def finish(self) -> TaskOutcome:
-        """The run dir from the journal as it stands; no stage is driven here."""
+    def before_finish(self) -> None:
         assert self.judging is not None
-        self.judging.write_files()
-        recorder = self.recorder
-        recorder.flush()
-        with recorder.locked():
-            recorder.refresh()
-            outcome = self._outcome()
-            recorder.write_run_dir(
-                outcome, self.ctx.run_id, self.instance_order, self.elo.num_samples, self.elo.pool.postprocess
-            )
-        return outcome
+        self.judging.write_files()  # no stage is driven at the end
 
     def paired_drop(self, baseline: Mapping[str, Any]) -> Any:
         if not baseline.get("elo"):

@@ -97,24 +97,6 @@ class Request:
     def prompt_key(self) -> PromptKey:
         return prompt_key(self.context, self.system_prompt)
 
-    def to_row(self) -> dict[str, Any]:
-        """The run dir's requests row (contract: `<task>-requests.jsonl`)."""
-        row: dict[str, Any] = {
-            "instance_id": self.instance_id,
-            "request_type": self.request_type,
-            "context": self.context,
-            "system_prompt": self.system_prompt,
-            "num_samples": self.num_samples,
-            "sampling": dict(self.sampling),
-        }
-        if self.images:
-            row["images"] = list(self.images)
-        if self.tools:
-            row["tools"] = list(self.tools)
-        if self.stage != 1:
-            row["stage"] = self.stage
-        return row
-
 
 @dataclass(frozen=True)
 class Generation:

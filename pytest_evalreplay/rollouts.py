@@ -10,6 +10,7 @@ then reads the chunk's rows from the journal. `TaskRun` (scoring) and
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ def open_recorder(
 
 
 @dataclass
-class Rollouts:
+class Rollouts(ABC):
     """What a run generates: `task` renders the requests (an EloEval's pool)."""
 
     ctx: RunContext
@@ -179,11 +180,31 @@ class Rollouts:
         return self.failure(key, fail.failure.message, fail.failure.failure_class)
 
     def failure(self, key: RolloutKey, message: str | None, failure_class: str | None) -> RolloutResult:
-        return RolloutResult(
-            task=self.name,
-            stage=key[0],
-            instance_id=key[1],
-            rollout=key[2],
-            error=message,
-            failure_class=failure_class,
-        )
+        return self.result_of(key, error=message, failure_class=failure_class)
+
+    def result_of(self, key: RolloutKey, **fields: Any) -> RolloutResult:
+        return RolloutResult(task=self.name, stage=key[0], instance_id=key[1], rollout=key[2], **fields)
+
+    # -- the end ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def outcome_now(self) -> TaskOutcome:
+        """The task's numbers from its journal as it stands (the caller has flushed)."""
+
+    @abstractmethod
+    def before_finish(self) -> None:
+        """What the run writes to its journal before the run dir is written."""
+
+    def finish(self) -> TaskOutcome:
+        """The run dir files from the journal, under the task lock, so the last
+        process of a run to finish writes the fullest view; nothing new runs."""
+        self.before_finish()
+        recorder = self.recorder
+        recorder.flush()
+        with recorder.locked():
+            recorder.refresh()
+            outcome = self.outcome_now()
+            recorder.write_run_dir(
+                outcome, self.ctx.run_id, self.instance_order, self.task.num_samples, self.task.postprocess
+            )
+        return outcome

@@ -75,11 +75,8 @@ class TaskRun(Rollouts):
         scores, error = score_generation(task, task.instance(key[1]), generation)
         self.recorder.add(self.recorder.score(key, of, scores, error))
         self.resolved.add(key)
-        return RolloutResult(
-            task=self.name,
-            stage=key[0],
-            instance_id=key[1],
-            rollout=key[2],
+        return self.result_of(
+            key,
             generation=generation,
             scores=scores or {},
             error=error,
@@ -100,13 +97,8 @@ class TaskRun(Rollouts):
         saved = self._kept_scores(key, gen)
         if saved is not None and saved.scores is not None:
             self.resolved.add(key)
-            return RolloutResult(
-                task=self.name,
-                stage=key[0],
-                instance_id=key[1],
-                rollout=key[2],
-                generation=self.task.postprocess(index.generation(gen)),
-                scores=dict(saved.scores),
+            return self.result_of(
+                key, generation=self.task.postprocess(index.generation(gen)), scores=dict(saved.scores)
             )
         return self._score(key, index.generation(gen), gen.run)
 
@@ -128,7 +120,7 @@ class TaskRun(Rollouts):
                 continue
             self.results[key] = self.result(key)
         self.recorder.flush()
-        return self._outcome()
+        return self.outcome_now()
 
     def _resolved_elsewhere(self, key: RolloutKey) -> bool:
         """Another process of this run has scored (or failed) this key."""
@@ -139,14 +131,14 @@ class TaskRun(Rollouts):
                 return True
         return self.own_failure(key) is not None
 
-    def _outcome(self) -> TaskOutcome:
+    def outcome_now(self) -> TaskOutcome:
         s = self.ctx.settings
         self.outcome = task_outcome(
             self.plan, self.recorder.index, s.max_attempts, self.ctx.run_id, self.ctx.host.model()
         )
         return self.outcome
 
-    def _rescore_unselected(self) -> None:
+    def before_finish(self) -> None:
         """Score, with the current scorer, the generations the journal holds for
         items this session did not select (a narrowed run; rollouts a killed run
         generated but never scored), so the run dir is what one clean run of the
@@ -161,18 +153,6 @@ class TaskRun(Rollouts):
             gen, _ = index.standing(key, self.plan.request_of(key), self.plan.provider)
             if gen is not None and self._kept_scores(key, gen) is None:
                 self._score(key, index.generation(gen), gen.run)
-
-    def finish(self) -> TaskOutcome:
-        self._rescore_unselected()
-        recorder = self.recorder
-        recorder.flush()
-        with recorder.locked():
-            recorder.refresh()
-            outcome = self._outcome()
-            recorder.write_run_dir(
-                outcome, self.ctx.run_id, self.instance_order, self.task.num_samples, self.task.postprocess
-            )
-        return outcome
 
     def paired_drop(self, baseline: Mapping[str, Any]) -> Any:
         return None

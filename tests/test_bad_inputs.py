@@ -20,6 +20,7 @@ from pytest_evalreplay import EvalReplayError, GenerationError, Request
 from pytest_evalreplay.baseline import read as read_baseline
 from pytest_evalreplay.formats import load
 from pytest_evalreplay.providers.replay import ReplayProvider
+from pytest_evalreplay.runschema import request_row_of
 
 
 def dump(*rows: Any) -> bytes:
@@ -96,13 +97,13 @@ def test_predictions_with_an_empty_requests_file_name_the_row(tmp_path: Path) ->
 
 def test_a_byte_order_mark_is_ignored(tmp_path: Path) -> None:
     bom = b"\xef\xbb\xbf"
-    path = run_dir(tmp_path, bom + dump(req().to_row()), bom + dump(pred("a", "yes")))
+    path = run_dir(tmp_path, bom + dump(request_row_of(req())), bom + dump(pred("a", "yes")))
     (tmp_path / "manifest.json").write_bytes(bom + b'{"format": "evalreplay/1", "model": "m"}')
     assert [g.text for g in served(path, req())] == ["yes"]
 
 
 def test_crlf_line_endings_and_blank_lines_are_read(tmp_path: Path) -> None:
-    requests = dump(req("a", "A").to_row(), req("b", "B").to_row()).replace(b"\n", b"\r\n")
+    requests = dump(request_row_of(req("a", "A")), request_row_of(req("b", "B"))).replace(b"\n", b"\r\n")
     predictions = b"\n" + dump(pred("a", "x"), pred("b", "y")).replace(b"\n", b"\r\n\n")
     path = run_dir(tmp_path, requests, predictions)
     assert [
@@ -114,14 +115,16 @@ def test_crlf_line_endings_and_blank_lines_are_read(tmp_path: Path) -> None:
 
 
 def test_invalid_utf8_in_a_requests_row_names_its_line(tmp_path: Path) -> None:
-    bad = orjson.dumps(req("b", "B").to_row()).replace(b'"B"', b'"\xff"')
-    path = run_dir(tmp_path, dump(req().to_row(), bad), dump(pred(), pred("b")))
+    bad = orjson.dumps(request_row_of(req("b", "B"))).replace(b'"B"', b'"\xff"')
+    path = run_dir(tmp_path, dump(request_row_of(req()), bad), dump(pred(), pred("b")))
     assert f"{path / 't-requests.jsonl'}:2: not valid JSON (str is not valid UTF-8" in load_error(path)
 
 
 def test_invalid_utf8_in_a_saved_text_fails_its_request_naming_the_line(tmp_path: Path) -> None:
     bad = orjson.dumps(pred("b", "B")).replace(b'"B"', b'"\xff"')
-    path = run_dir(tmp_path, dump(req().to_row(), req("b", "B").to_row()), dump(pred("a", "ok"), bad))
+    path = run_dir(
+        tmp_path, dump(request_row_of(req()), request_row_of(req("b", "B"))), dump(pred("a", "ok"), bad)
+    )
     a, b = ReplayProvider.from_path(path).generate([req(), req("b", "B")])
     assert [g.text for g in a] == ["ok"]
     assert isinstance(b, GenerationError)
@@ -131,7 +134,7 @@ def test_invalid_utf8_in_a_saved_text_fails_its_request_naming_the_line(tmp_path
 @pytest.mark.parametrize("line", [b"7", b"[1, 2]", b'"row"', b"null", b"true"])
 @pytest.mark.parametrize("which", ["requests", "predictions"])
 def test_a_line_that_is_not_an_object_names_its_line(tmp_path: Path, which: str, line: bytes) -> None:
-    requests = dump(req().to_row(), line if which == "requests" else req("b").to_row())
+    requests = dump(request_row_of(req()), line if which == "requests" else request_row_of(req("b")))
     predictions = dump(pred(), line if which == "predictions" else pred("b"))
     path = run_dir(tmp_path, requests, predictions)
     message = load_error(path)
@@ -141,8 +144,8 @@ def test_a_line_that_is_not_an_object_names_its_line(tmp_path: Path, which: str,
 @pytest.mark.parametrize("value", [["Be brief."], {"text": "Be brief."}, 3])
 def test_a_system_prompt_that_is_not_a_string_names_the_field(tmp_path: Path, value: Any) -> None:
     # Once an INTERNALERROR: "unhashable type: 'list'".
-    row = {**req("b").to_row(), "system_prompt": value}
-    path = run_dir(tmp_path, dump(req().to_row(), row), dump(pred(), pred("b")))
+    row = {**request_row_of(req("b")), "system_prompt": value}
+    path = run_dir(tmp_path, dump(request_row_of(req()), row), dump(pred(), pred("b")))
     message = load_error(path)
     assert f"{path / 't-requests.jsonl'}:2: 'system_prompt' must be a string or null, got " in message
 
@@ -169,7 +172,7 @@ def test_a_system_prompt_that_is_not_a_string_names_the_field(tmp_path: Path, va
 def test_a_field_of_the_wrong_type_is_named_at_load(
     tmp_path: Path, which: str, field: str, value: Any, expected: str
 ) -> None:
-    rows = {"requests": [req().to_row(), req("b").to_row()], "predictions": [pred(), pred("b")]}
+    rows = {"requests": [request_row_of(req()), request_row_of(req("b"))], "predictions": [pred(), pred("b")]}
     rows[which][1] = {**rows[which][1], field: value}
     path = run_dir(tmp_path, dump(*rows["requests"]), dump(*rows["predictions"]))
     message = load_error(path)
@@ -207,7 +210,9 @@ def test_a_malformed_generation_fails_its_request_naming_line_and_field(
     tmp_path: Path, generation: Any, expected: str
 ) -> None:
     row = {**pred("b"), "generations": [generation]}
-    path = run_dir(tmp_path, dump(req().to_row(), req("b").to_row()), dump(pred("a", "ok"), row))
+    path = run_dir(
+        tmp_path, dump(request_row_of(req()), request_row_of(req("b"))), dump(pred("a", "ok"), row)
+    )
     a, b = ReplayProvider.from_path(path).generate([req(), req("b")])
     assert [g.text for g in a] == ["ok"]
     assert isinstance(b, GenerationError) and not b.retryable
@@ -219,7 +224,9 @@ def test_a_malformed_generation_fails_its_request_naming_line_and_field(
     [([0, 0], ("x", "y")), ([0], ("x", "y")), ("0", ("x",)), ([-1], ("x",)), ([True], ("x",))],
 )
 def test_bad_rollouts_fail_the_request(tmp_path: Path, rollouts: Any, texts: tuple[str, ...]) -> None:
-    path = run_dir(tmp_path, dump(req(num_samples=2).to_row()), dump(pred("a", *texts, rollouts=rollouts)))
+    path = run_dir(
+        tmp_path, dump(request_row_of(req(num_samples=2))), dump(pred("a", *texts, rollouts=rollouts))
+    )
     message = failure(path, req(num_samples=2))
     assert (
         f"{path / 't-predictions.jsonl'}:1: 'rollouts' must list one distinct sample index per generation"
@@ -231,7 +238,9 @@ def test_an_escaped_or_doubled_key_cannot_mislead_the_fast_read(tmp_path: Path) 
     # The prefix says instance "a"; a second "instance_id" key says "b".
     doubled = orjson.dumps(pred("a"))[:-1] + b',"instance_id":"b"}'
     escaped = orjson.dumps(pred("c"))[:-1] + b',"st\\u0061ge":2}'
-    path = run_dir(tmp_path, dump(req().to_row(), req("c", "C").to_row()), dump(doubled, escaped))
+    path = run_dir(
+        tmp_path, dump(request_row_of(req()), request_row_of(req("c", "C"))), dump(doubled, escaped)
+    )
     for request in (req(), req("c", "C")):
         assert "reads differently in full than in its first fields" in failure(path, request)
 
@@ -240,7 +249,7 @@ def test_ids_with_newlines_and_carriage_returns_join(tmp_path: Path) -> None:
     ids = ["a\nb", "c\r", "\r\n"]
     path = run_dir(
         tmp_path,
-        dump(*(req(i, f"Q{n}").to_row() for n, i in enumerate(ids))),
+        dump(*(request_row_of(req(i, f"Q{n}")) for n, i in enumerate(ids))),
         dump(*(pred(i, f"A{n}") for n, i in enumerate(ids))),
     )
     results = ReplayProvider.from_path(path).generate([req(i, f"Q{n}") for n, i in enumerate(ids)])
@@ -248,14 +257,14 @@ def test_ids_with_newlines_and_carriage_returns_join(tmp_path: Path) -> None:
 
 
 def test_lone_surrogates_are_refused_with_their_line(tmp_path: Path) -> None:
-    bad = orjson.dumps(req("b").to_row()).replace(b'"Q b?"', b'"Q\\ud800?"')
-    path = run_dir(tmp_path, dump(req().to_row(), bad), dump(pred(), pred("b")))
+    bad = orjson.dumps(request_row_of(req("b"))).replace(b'"Q b?"', b'"Q\\ud800?"')
+    path = run_dir(tmp_path, dump(request_row_of(req()), bad), dump(pred(), pred("b")))
     message = load_error(path)
     assert f"{path / 't-requests.jsonl'}:2: not valid JSON (" in message and "surrogate" in message
 
 
 def test_a_request_whose_context_cannot_be_json_fails_alone(tmp_path: Path) -> None:
-    path = run_dir(tmp_path, dump(req().to_row()), dump(pred()))
+    path = run_dir(tmp_path, dump(request_row_of(req())), dump(pred()))
     message = failure(path, req("a", [{"role": "user", "content": "\ud800"}]))
     assert message.startswith("replay: this request's context cannot be written as JSON")
 
@@ -271,7 +280,7 @@ def test_a_missing_requests_file_says_to_copy_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("which", ["requests", "predictions", "manifest.json"])
 def test_a_directory_where_a_file_belongs_is_named(tmp_path: Path, which: str) -> None:
-    run_dir(tmp_path, dump(req().to_row()), dump(pred()))
+    run_dir(tmp_path, dump(request_row_of(req())), dump(pred()))
     name = which if which.endswith(".json") else f"t-{which}.jsonl"
     target = tmp_path / name
     target.unlink(missing_ok=True)
@@ -285,7 +294,7 @@ def test_a_directory_where_a_file_belongs_is_named(tmp_path: Path, which: str) -
 def test_an_unreadable_file_or_directory_is_named(tmp_path: Path, unreadable: list[Path], which: str) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    run_dir(run, dump(req().to_row()), dump(pred()))
+    run_dir(run, dump(request_row_of(req())), dump(pred()))
     (run / "manifest.json").write_bytes(b'{"format": "evalreplay/1", "model": "m"}')
     target = {"run dir": run, "manifest.json": run / "manifest.json"}.get(which, run / f"t-{which}.jsonl")
     make_unreadable(unreadable, target)
@@ -304,7 +313,7 @@ def test_an_unreadable_file_or_directory_is_named(tmp_path: Path, unreadable: li
     ],
 )
 def test_a_bad_manifest_is_named(tmp_path: Path, manifest: bytes, expected: str) -> None:
-    run_dir(tmp_path, dump(req().to_row()), dump(pred()))
+    run_dir(tmp_path, dump(request_row_of(req())), dump(pred()))
     (tmp_path / "manifest.json").write_bytes(manifest)
     assert expected in load_error(tmp_path)
 
@@ -313,7 +322,9 @@ def test_a_bad_manifest_is_named(tmp_path: Path, manifest: bytes, expected: str)
 def test_a_200_mb_single_line_is_read_or_refused_quickly(tmp_path: Path) -> None:
     big = "x" * (200 << 20)
     path = run_dir(
-        tmp_path, dump(req().to_row(), req("b").to_row()), dump(pred("a", big), pred("b", "small"))
+        tmp_path,
+        dump(request_row_of(req()), request_row_of(req("b"))),
+        dump(pred("a", big), pred("b", "small")),
     )
     start = time.monotonic()
     provider = ReplayProvider.from_path(path)
@@ -620,7 +631,7 @@ def test_a_200_mb_baseline_line_is_refused_quickly(tmp_path: Path) -> None:
 
 
 def test_a_directory_named_like_a_predictions_file_is_not_skipped(tmp_path: Path) -> None:
-    run_dir(tmp_path, dump(req().to_row()), dump(pred()))
+    run_dir(tmp_path, dump(request_row_of(req())), dump(pred()))
     (tmp_path / "u-predictions.jsonl").mkdir()
     assert re.search(
         r"u-predictions\.jsonl: expected a predictions file here, found a directory", load_error(tmp_path)

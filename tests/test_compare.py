@@ -353,9 +353,9 @@ def test_malformed_json_names_file_and_line(runs):
         ({"instance_id": "q1", "generations": [{"text": ""}]}, "this one has no 'sample_scores'"),
         (
             {"instance_id": "q1", "generations": [{"text": ""}], "rollouts": [], "sample_scores": [None]},
-            "'rollouts' must list one sample index per generation",
+            "'rollouts' must list one distinct sample index per generation",
         ),
-        ({"instance_id": "x", "generations": [], "stage": "2"}, "'stage' must be an integer"),
+        ({"instance_id": "x", "generations": [], "stage": "2"}, "'stage' must be a positive integer"),
     ],
 )
 def test_bad_predictions_rows_name_file_and_line(runs, row, what):
@@ -376,7 +376,7 @@ def test_bad_metrics_and_manifest(runs):
     (base / "qa-metrics.json").unlink()
     assert "qa-metrics.json: missing; manifest.json lists task 'qa'" in _message(load_run_dir, base)
     (base / "manifest.json").write_bytes(b'{"format": "evalreplay/0", "tasks": []}')
-    assert "not a pytest-evalreplay manifest (format 'evalreplay/0'" in _message(load_run_dir, base)
+    assert "run dir format 'evalreplay/0', and this version" in _message(load_run_dir, base)
     (base / "manifest.json").write_bytes(b'{"format": "evalreplay/1", "tasks": ["../x"]}')
     assert "'tasks' must be a list of task names" in _message(load_run_dir, base)
 

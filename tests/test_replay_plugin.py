@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from pytest_evalreplay import Request
+from pytest_evalreplay.runschema import request_row_of
 
 EVALS = """
 from pytest_evalreplay import EvalTask
@@ -34,7 +35,7 @@ def write_saved_run(directory: Path, answers: dict[str, str], model: str = "save
             context=f"What is {QUESTIONS[iid]}?",
             system_prompt="Reply with a number.",
         )
-        requests.append(request.to_row())
+        requests.append(request_row_of(request))
         generation = {
             "text": answer,
             "original_text": f"<think>hmm</think>{answer}",
@@ -90,7 +91,9 @@ def test_an_unreadable_saved_run_is_a_usage_error_naming_files(pytester: pytest.
     pytester.makepyfile(test_evals=EVALS)
     saved = write_saved_run(pytester.path / "saved", {"a": "2"})
     other = saved / "other-requests.jsonl"
-    other.write_bytes(orjson.dumps(Request(task="other", instance_id="z", context="hi").to_row()) + b"\n")
+    other.write_bytes(
+        orjson.dumps(request_row_of(Request(task="other", instance_id="z", context="hi"))) + b"\n"
+    )
     (saved / "other-predictions.jsonl").write_bytes(
         orjson.dumps(
             {"instance_id": "z", "model": "another-model", "generations": [{"text": "x"}], "scores": {}}
@@ -181,7 +184,7 @@ def test_the_docs_fixture_example_serves_a_save_of_several_samples(pytester: pyt
     saved.mkdir()
     request = Request(task="chat", instance_id="x", context="Hi!", num_samples=4)
     texts = ["Hello!", "Hi there.", "I can't help with that.", "Hey."]
-    (saved / "chat-requests.jsonl").write_bytes(orjson.dumps(request.to_row()) + b"\n")
+    (saved / "chat-requests.jsonl").write_bytes(orjson.dumps(request_row_of(request)) + b"\n")
     row = {"instance_id": "x", "model": "m", "generations": [{"text": t} for t in texts], "scores": {}}
     (saved / "chat-predictions.jsonl").write_bytes(orjson.dumps(row) + b"\n")
     pytester.makepyfile(test_hand=DOCS_EXAMPLE)
