@@ -30,6 +30,7 @@ from pytest_evalreplay.model import (
     request_digest,
 )
 from pytest_evalreplay.recorder import TaskRecorder
+from pytest_evalreplay.runschema import JUDGE_SUFFIX, task_files
 from pytest_evalreplay.stages import EloEval
 
 UNREADABLE_PREFIX = "unreadable verdict: "
@@ -37,7 +38,7 @@ UNREADABLE_PREFIX = "unreadable verdict: "
 
 def judge_files_name(eval_name: str) -> str:
     """The task name of an LLM judge's journal and run dir files."""
-    return f"{eval_name}-judge"
+    return eval_name + JUDGE_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ class Judging:
 
                 source = settings.predictions
                 name = judge_files_name(self.eval.name)
-                path = source / f"{name}-predictions.jsonl" if source.is_dir() else source
+                path = task_files(source, name)["predictions"] if source.is_dir() else source
                 if not path.is_file():
                     raise EvalReplayError(
                         f"{path}: the saved run has no judge verdicts for {self.eval.name!r}, so an "

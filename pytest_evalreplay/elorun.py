@@ -37,6 +37,7 @@ from pytest_evalreplay.metrics import TaskOutcome, item_outcome, task_outcome
 from pytest_evalreplay.model import EvalReplayError, RolloutResult
 from pytest_evalreplay.planning import Decisions, TaskPlan
 from pytest_evalreplay.rollouts import Rollouts, open_recorder
+from pytest_evalreplay.runschema import task_files
 from pytest_evalreplay.stagelog import StageLog, complete_row, planned_row, seed_row
 from pytest_evalreplay.stages import EloEval, stage_configs
 
@@ -444,11 +445,7 @@ def saved_seed(predictions: Path, name: str) -> int | None:
     """The seed a saved ELO run (a run dir being replayed) was drawn with."""
     import orjson
 
-    path = (
-        predictions / f"{name}-metrics.json"
-        if predictions.is_dir()
-        else predictions.with_name(f"{name}-metrics.json")
-    )
+    path = task_files(predictions if predictions.is_dir() else predictions.parent, name)["metrics"]
     try:
         doc = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError):

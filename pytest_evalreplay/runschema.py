@@ -26,8 +26,10 @@ MANIFEST = "manifest.json"
 REQUESTS_SUFFIX = "-requests.jsonl"
 PREDICTIONS_SUFFIX = "-predictions.jsonl"
 METRICS_SUFFIX = "-metrics.json"
-# An EloEval's LLM judge's verdicts, beside the candidate's predictions.
-JUDGE_PREDICTIONS_SUFFIX = "-judge-predictions.jsonl"
+# An EloEval's LLM judge's verdicts, beside the candidate's predictions: its
+# journal and run dir files are those of a task named `<name>-judge`.
+JUDGE_SUFFIX = "-judge"
+JUDGE_PREDICTIONS_SUFFIX = JUDGE_SUFFIX + PREDICTIONS_SUFFIX
 # A requests row's keys, in the order `request_row` writes them (replay's
 # fast way reads a plain text row by exactly these).
 REQUEST_FIELDS = ("instance_id", "request_type", "context", "system_prompt", "num_samples", "sampling")
