@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_evalreplay.judges import LlmJudge, validate_judge
-from pytest_evalreplay.model import EvalReplayError, Gate, digest
+from pytest_evalreplay.model import TASK_NAME, EvalReplayError, Gate, digest
 from pytest_evalreplay.task import EvalTask, validate_task_name
 
-_REF_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 # References' saved answers are fingerprinted by content up to this size (by
 # size and modification time above it), so a clone of the project resumes.
 REFERENCE_CONTENT_LIMIT = 64 * 2**20
@@ -133,7 +131,9 @@ class EloEval:
         base = self.defined_in.parent if self.defined_in is not None else Path.cwd()
         refs: dict[str, Reference] = {}
         for ref_name, ref in references.items():
-            if not isinstance(ref_name, str) or not _REF_NAME.fullmatch(ref_name):
+            if not isinstance(ref_name, str) or not TASK_NAME.fullmatch(
+                ref_name
+            ):  # the same rule as task names
                 raise EvalReplayError(
                     f"{where}: reference name {ref_name!r}: use letters, digits, '_', '.', '-'"
                 )
