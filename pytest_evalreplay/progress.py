@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,66 @@ from pytest_evalreplay.model import EvalReplayError
 
 TTY_INTERVAL = 0.25
 PROGRESS_DIR = ".evalreplay-progress"
+PREFIX = "evalreplay: "
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """One task's generation progress at one moment."""
+
+    task: str
+    elapsed: float
+    done: int
+    total: int
+    samples: int
+    total_samples: int
+    failures: int
+    tokens: int
+
+
+def progress_line(snap: ProgressSnapshot, width: int | None = None, prefix: str = PREFIX) -> str:
+    """The progress line, in at most `width` characters: a line that wraps
+    adds a line per update instead of rewriting one, so fields are dropped,
+    least useful first (samples, tok/s, elapsed, the "evalreplay:" prefix,
+    ETA, failures), then the task name is cut; requests done/total stay."""
+    samples = f"({snap.samples:,}/{snap.total_samples:,} samples)"
+    fields: list[tuple[str, str]] = [("failed", f"{snap.failures:,} failed")]  # most useful first
+    if snap.tokens and snap.elapsed > 0:
+        fields.append(("rate", f"{snap.tokens / snap.elapsed:,.0f} tok/s"))
+    fields.append(("elapsed", f"{_clock(snap.elapsed)} elapsed"))
+    if 0 < snap.done < snap.total and snap.elapsed > 0:
+        fields.append(("eta", f"ETA {_clock(snap.elapsed * (snap.total - snap.done) / snap.done)}"))
+    drop_order = ["samples", "rate", "elapsed", "prefix", "eta", "failed"]
+    kept = {"samples", "prefix", *(name for name, _ in fields)}
+    task = snap.task
+
+    def build() -> str:
+        head = f"{prefix if 'prefix' in kept else ''}{task}: {snap.done:,}/{snap.total:,} requests"
+        if "samples" in kept:
+            head += f" {samples}"
+        return ", ".join([head, *(text for name, text in fields if name in kept)])
+
+    line = build()
+    for name in drop_order:
+        if width is None or len(line) <= width:
+            return line
+        kept.discard(name)
+        line = build()
+    if width is not None and len(line) > width:
+        task = _cut(task, max(len(task) - (len(line) - width), 4))
+        line = build()
+    return line if width is None else line[:width]
+
+
+def line_width(tr: Any) -> int | None:
+    """The longest line that neither wraps nor, rewritten in place, spills:
+    pytest's `rewrite` pads a line to the terminal's width less one column."""
+    full = getattr(getattr(tr, "_tw", None), "fullwidth", None)
+    return full - 1 if isinstance(full, int) and full > 1 else None
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 class TerminalProgress:
@@ -49,34 +110,16 @@ class TerminalProgress:
         if now - last < self.interval:
             return
         self._state[task] = (start, now, total, total_samples)
-        self._show(
-            self._line(task, now - start, requests, total, samples, total_samples, failures, tokens), False
-        )
+        snap = ProgressSnapshot(task, now - start, requests, total, samples, total_samples, failures, tokens)
+        self._show(progress_line(snap, self.width()), False)
 
     def end(self, task: str) -> None:
         state = self._state.pop(task, None)
         if self.enabled and self.tty and state is not None:
             self._show("", True)
 
-    @staticmethod
-    def _line(
-        task: str,
-        elapsed: float,
-        done: int,
-        total: int,
-        samples: int,
-        total_samples: int,
-        failures: int,
-        tokens: int,
-    ) -> str:
-        rate = f", {tokens / elapsed:,.0f} tok/s" if tokens and elapsed > 0 else ""
-        eta = ""
-        if 0 < done < total and elapsed > 0:
-            eta = f", ETA {_clock(elapsed * (total - done) / done)}"
-        return (
-            f"evalreplay: {task}: {done:,}/{total:,} requests ({samples:,}/{total_samples:,} samples), "
-            f"{failures:,} failed{rate}, {_clock(elapsed)} elapsed{eta}"
-        )
+    def width(self) -> int | None:
+        return line_width(self.tr) if self.tty else None
 
     def _show(self, line: str, final: bool) -> None:
         assert self.tr is not None
@@ -157,6 +200,9 @@ class ProgressWatcher:
         self._seen: dict[str, float] = {}
         self._thread = threading.Thread(target=self._run, name="evalreplay-progress", daemon=True)
 
+    def width(self) -> int | None:
+        return line_width(self.tr) if getattr(self.tr, "isatty", False) else None
+
     def start(self) -> None:
         if self.tr is not None:
             self._thread.start()
@@ -186,7 +232,7 @@ class ProgressWatcher:
             if doc.get("done") or self._seen.get(path.stem) == seq:
                 continue
             self._seen[path.stem] = seq
-            line = TerminalProgress._line(
+            snap = ProgressSnapshot(
                 doc["task"],
                 doc["elapsed"],
                 doc["requests"],
@@ -196,7 +242,7 @@ class ProgressWatcher:
                 doc["failures"],
                 doc["tokens"],
             )
-            lines.append(line.replace("evalreplay: ", f"evalreplay: [{path.stem}] ", 1))
+            lines.append(progress_line(snap, self.width(), prefix=f"{PREFIX}[{path.stem}] "))
         return lines
 
 
