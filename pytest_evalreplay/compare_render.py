@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pytest_evalreplay.compare import MetricDiff, RunComparison, TaskComparison
-from pytest_evalreplay.snippets import one_line, shorten
+from pytest_evalreplay.snippets import one_line, printable, shorten
 from pytest_evalreplay.stats import Interval, PairedTest
 
 
@@ -77,7 +77,8 @@ def _metric_line(m: MetricDiff, elo: bool) -> str:
 
 def render_text(cmp: RunComparison, top: int = 20) -> list[str]:
     """Terminal lines: per task, each metric's change and paired test, then its
-    first `top` flips (two lines each: the prompt, then both answers)."""
+    first `top` flips (two lines each: the prompt, then both answers); control
+    characters escaped, so no saved text acts on the terminal."""
     if top < 0:
         raise ValueError(f"top must be >= 0, got {top}")
     lines = [
@@ -107,7 +108,7 @@ def render_text(cmp: RunComparison, top: int = 20) -> list[str]:
         lines.append(f"only in new: {', '.join(cmp.only_new)}")
     if not cmp.tasks and not cmp.only_base and not cmp.only_new:
         lines.append("no tasks in either run")
-    return lines
+    return [printable(line) for line in lines]  # ids and names from saved files too
 
 
 def md_escape(text: str) -> str:
@@ -192,4 +193,4 @@ def render_markdown(cmp: RunComparison) -> str:
             out.append(f"- only in base: {', '.join(md_escape(t) for t in cmp.only_base)}")
         if cmp.only_new:
             out.append(f"- only in new: {', '.join(md_escape(t) for t in cmp.only_new)}")
-    return "\n".join(out) + "\n"
+    return "\n".join(printable(line) for line in out) + "\n"

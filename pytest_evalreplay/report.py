@@ -19,6 +19,7 @@ import pytest
 
 from pytest_evalreplay.files import atomic_write
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.snippets import printable
 
 # Re-exported: the plugin and distributed import live progress from here (its home is `progress`).
 
@@ -180,7 +181,7 @@ class Summary:
         if self.comparison is not None:
             out += self.comparison[0]
         out += [f"note: {note}" for note in self.notes]
-        return out
+        return [printable(line, keep_newlines=True) for line in out]  # failure texts quote answers
 
     def terminal(self, tr: pytest.TerminalReporter) -> None:
         lines = self.lines()
@@ -221,7 +222,7 @@ class Summary:
             lines += ["", self.comparison[1].rstrip()]
         if self.notes:
             lines += ["", *[f"- {note}" for note in self.notes]]
-        return "\n".join(lines) + "\n"
+        return "\n".join(printable(line, keep_newlines=True) for line in lines) + "\n"
 
     def write_markdown(self, path: Path) -> str:
         if path.is_dir():

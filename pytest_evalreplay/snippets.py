@@ -3,6 +3,9 @@
 A comparison shows each flip as a line of its prompt and a line of each
 run's answer: long texts keep their start and their end (a final answer
 usually ends a text), and a chat prompt shows its last user message.
+Model output may hold terminal control sequences (`\x1b[2J` clears the
+screen): every line made here shows them escaped, so what is printed or
+written as Markdown never acts on the terminal that reads it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,16 @@ from typing import Any
 KEEP_CHARS = 400
 # From the first non-space character to the end of its line (the breaks str.splitlines knows).
 _FIRST_LINE = re.compile(r"[^\s][^\n\r\v\f\x1c-\x1e\x85\u2028\u2029]*")
+# C0 and C1 control characters and DEL: escape, CSI and OSC sequences start with them.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, keep_newlines: bool = False) -> str:
+    """`text` with every control character written as its escape (`\\x1b`);
+    with `keep_newlines`, a multi-line message keeps its "\\n"."""
+    pattern = _CONTROL_BUT_NEWLINE if keep_newlines else _CONTROL
+    return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def prompt_line(context: Any) -> str:
@@ -28,7 +41,7 @@ def prompt_line(context: Any) -> str:
     else:
         text = ""
     line = _FIRST_LINE.search(text)
-    return "" if line is None else " ".join(line.group().split())
+    return "" if line is None else one_line(line.group())
 
 
 def _content_text(content: Any) -> str:
@@ -40,8 +53,9 @@ def _content_text(content: Any) -> str:
 
 
 def one_line(text: str) -> str:
-    """All of `text` on one line: every run of whitespace, newlines included, becomes one space."""
-    return " ".join(text.split())
+    """All of `text` on one line: every run of whitespace, newlines included,
+    becomes one space, and any other control character is escaped."""
+    return printable(" ".join(text.split()))
 
 
 def shorten(text: str, width: int, keep_end: bool = False) -> str:
