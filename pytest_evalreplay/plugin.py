@@ -66,13 +66,43 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: objec
         return []  # an EloEval's pool: its items are the EloEval's
     from pytest_evalreplay.items import COLLECTED_KEY, EloCollector, TaskCollector
 
+    if not _collected_here(collector, obj):
+        return []  # the same task imported into a second module: collected where it is defined
     seen = collector.config.stash.setdefault(COLLECTED_KEY, {})
     first = seen.setdefault(id(obj), collector.nodeid)
     if first != collector.nodeid:
-        return []  # the same task imported into a second module: collected once, where first met
+        return []  # defined outside every collected module: collected once, where first met
     if is_elo:
         return EloCollector.from_parent(collector, name=obj.name, eval_=obj)  # type: ignore[attr-defined]
     return TaskCollector.from_parent(collector, name=obj.name, task=obj)  # type: ignore[attr-defined]
+
+
+def _collected_here(collector: pytest.Collector, task: Any) -> bool:
+    """A task belongs to the module that defines it, whatever module imports
+    it and whichever is collected first: its node ids (JUnit class names,
+    `--lf`'s cache) do not depend on collection order. Only a task defined
+    outside every module this session collects (a helper module, a module
+    not selected) is collected where it is imported."""
+    home = getattr(task, "defined_in", None)
+    here = getattr(collector, "path", None)
+    if home is None or here is None or Path(here).resolve() == home:
+        return True
+    return not _will_collect(collector.config, home)
+
+
+def _will_collect(config: pytest.Config, path: Path) -> bool:
+    """Whether this session collects `path` as a test module: a python_files
+    match under one of the paths pytest was given (a node id given names its file)."""
+    from _pytest.python import path_matches_patterns
+
+    if not path_matches_patterns(path, config.getini("python_files")):
+        return False
+    base = config.invocation_params.dir
+    for arg in config.args:
+        given = (base / arg.split("::")[0]).resolve()
+        if given == path or (given.is_dir() and given in path.parents):
+            return True
+    return False
 
 
 def _pool_of_an_elo_eval(collector: pytest.Collector, task: object) -> bool:
@@ -94,6 +124,7 @@ class EvalReplayPlugin:
         self._finished: list[pytest.Item] = []
         self._deselected_all = False
         self._deselected = 0  # reused items deselected (the rest of the reused run, reported skipped)
+        self._unplanned = 0  # tasks collected by --collect-only with no provider chosen
 
     # -- lazily built parts ------------------------------------------------------
 
@@ -163,7 +194,13 @@ class EvalReplayPlugin:
         if s.predictions is not None:
             parts.append(f"predictions: {s.predictions}")
         parts.append(f"output: {s.output or 'pytest cache (.pytest_cache/d/evalreplay)'}")
-        mode = "reset" if s.reset else ("resume" if s.resume else "fresh for what is selected")
+        if s.reset:
+            mode = "reset"
+        elif s.resume_stage is not None:
+            first = f"stage {s.resume_stage}" if s.resume_stage else "the first incomplete stage"
+            mode = f"resume from {first}"
+        else:
+            mode = "resume" if s.resume else "fresh for what is selected"
         parts.append(f"mode: {mode}")
         return ["evalreplay: " + ", ".join(parts)]
 
@@ -200,6 +237,9 @@ class EvalReplayPlugin:
             if isinstance(item, RolloutItem):
                 entry[1].append(item.key)
         collect_only = bool(config.option.collectonly)
+        if collect_only and self.settings.provider is None:
+            self._unplanned = len(tasks)  # reuse is by provider: without one there is nothing to plan
+            return
         try:
             self.session.register(list(tasks.values()), collect_only=collect_only)
             deselect: set[tuple[str, tuple[int, str, int]]] = set()
@@ -237,9 +277,15 @@ class EvalReplayPlugin:
             items[:] = ordered
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str] | None:
+        from pytest_evalreplay.report import plural
+
+        if self._unplanned:
+            return [
+                f"evalreplay: {plural(self._unplanned, 'task')}, not planned: no provider chosen "
+                "(what would run or be reused depends on it)"
+            ]
         if not self.active or not self.session.runs:
             return None
-        from pytest_evalreplay.report import plural
 
         runs = self.session.runs.values()
         run = sum(len(r.decisions.run) for r in runs)
