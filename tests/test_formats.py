@@ -226,6 +226,44 @@ def test_olmo_eval_original_text_and_oe_eval_continuation(tmp_path: Path) -> Non
     assert texts(provider.generate([req("a", "p0"), req("b", "p1")])) == [[" 7"], ["<think>..</think>4"]]
 
 
+def test_olmo_eval_keeps_every_per_sample_field(tmp_path: Path) -> None:
+    """prompt_tokens and every field olmo-eval adds to a sample (a Harmony
+    decode, a parser error, a context-cut marker, its extracted answer) reach
+    the Generation: prompt_tokens as itself, the rest as its metadata."""
+    output = {
+        "text": "4",
+        "original_text": "<|channel|>analysis...4",
+        "finish_reason": "length",
+        "num_tokens": 3,
+        "prompt_tokens": 12,
+        "harmony": {"analysis": "2+2 is 4", "final": "4"},
+        "parser_error": "unterminated channel",
+        "context_cut": True,
+        "extracted_answer": "4",
+    }
+    jsonl(tmp_path / "task-000-gsm8k-requests.jsonl", [olmo_request(0, "p0")])
+    jsonl(tmp_path / "task-000-gsm8k-predictions.jsonl", [{"doc_id": 0, "model_output": [output]}])
+    (gens,) = ReplayProvider.from_path(tmp_path).generate([req("a", "p0")])
+    (gen,) = gens
+    # served raw, as every replay is, so the task's own reasoning strip applies
+    assert (gen.text, gen.finish_reason) == ("<|channel|>analysis...4", "length")
+    assert (gen.prompt_tokens, gen.completion_tokens) == (12, 3)
+    assert gen.metadata == {
+        "harmony": {"analysis": "2+2 is 4", "final": "4"},
+        "parser_error": "unterminated channel",
+        "context_cut": True,
+        "extracted_answer": "4",
+    }
+
+
+def test_olmo_eval_prompt_tokens_of_the_wrong_type_name_the_line(tmp_path: Path) -> None:
+    jsonl(tmp_path / "task-000-gsm8k-requests.jsonl", [olmo_request(0, "p0")])
+    row = {"doc_id": 0, "model_output": [{"text": "4", "prompt_tokens": "12"}]}
+    jsonl(tmp_path / "task-000-gsm8k-predictions.jsonl", [row])
+    (result,) = ReplayProvider.from_path(tmp_path).generate([req("a", "p0")])
+    assert "predictions.jsonl:1" in result.message and "model_output[0].prompt_tokens" in result.message
+
+
 def test_olmo_eval_dir_of_two_models_is_rejected(tmp_path: Path) -> None:
     olmo_results(tmp_path, model="olmo-7b")
     olmo_results(tmp_path, model="olmo-13b")

@@ -12,9 +12,11 @@ full prompt (a string, or chat messages) and `request_type` is
 `generate_until` for generation (`loglikelihood` and the other kinds are
 skipped). A predictions row is `{"doc_id", "native_id", "model_output":
 [{"text", ...} per sample], "instance_metrics", "label", ...}`; oe-eval names
-the text `continuation`. The two files join on `doc_id`. oe-eval's flat
-layout (`task-000-<name>-predictions.jsonl` beside `...-requests.jsonl`) is
-the same pair of files without the model folders.
+the text `continuation`. A sample's `prompt_tokens` and `num_tokens` are its
+token counts, and every other field it has is kept in the metadata. The
+two files join on `doc_id`. oe-eval's flat layout
+(`task-000-<name>-predictions.jsonl` beside `...-requests.jsonl`) is the same
+pair of files without the model folders.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ PREDICTIONS_SUFFIX = "-predictions.jsonl"
 REQUESTS_SUFFIX = "-requests.jsonl"
 LAYOUT = "olmo-eval"
 GENERATE_TYPES = frozenset({"generate_until"})
+# A sample's fields that become a Generation's own; every other field of it
+# (a Harmony decode, a parser error, a context-cut marker, an extracted
+# answer...) is kept whole in the Generation's metadata.
+SAMPLE_FIELDS = frozenset(
+    {"text", "continuation", "original_text", "finish_reason", "num_tokens", "prompt_tokens"}
+)
 
 
 def is_results_dir(path: Path) -> bool:
@@ -237,7 +245,9 @@ def _generation(out: Any, where: str, index: int) -> Generation:
         text=text,
         original_text=original,
         finish_reason=finish,
+        prompt_tokens=token_count(out.get("prompt_tokens"), where, f"{name}.prompt_tokens"),
         completion_tokens=token_count(out.get("num_tokens"), where, f"{name}.num_tokens"),
+        metadata={k: v for k, v in out.items() if k not in SAMPLE_FIELDS},
     )
 
 
