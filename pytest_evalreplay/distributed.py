@@ -13,10 +13,15 @@ fullest journal.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
 import pytest
 
+from pytest_evalreplay.files import atomic_write
 from pytest_evalreplay.journal import journal_path
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.settings import Settings
@@ -26,6 +31,7 @@ if TYPE_CHECKING:
     from pytest_evalreplay.session import EvalSession
 
 JOURNAL_SUFFIX = "-journal.jsonl"
+COLLECTION_PREFIX = ".evalreplay-collection-"  # + worker id + .json: a worker's collection line
 
 
 def snapshot(directory: Any) -> dict[str, int]:
@@ -43,6 +49,29 @@ def snapshot(directory: Any) -> dict[str, int]:
         except OSError:
             continue
     return sizes
+
+
+def _collection_file(directory: Path, worker: str) -> Path:
+    return directory / f"{COLLECTION_PREFIX}{worker}.json"
+
+
+def send_collection_lines(directory: Path, workerinput: Mapping[str, Any], lines: list[str] | None) -> None:
+    """A worker's collection line, for its controller to print: written before
+    the worker reports its collection, so it is there when the controller hears."""
+    with contextlib.suppress(OSError):
+        atomic_write(_collection_file(directory, str(workerinput["workerid"])), orjson.dumps(lines or []))
+
+
+def take_collection_lines(directory: Path, worker: str) -> list[str]:
+    path = _collection_file(directory, worker)
+    try:
+        lines = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return []
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return [str(line) for line in lines] if isinstance(lines, list) else []
 
 
 class PluginState(Protocol):
@@ -64,6 +93,7 @@ class XdistHooks:
         self.plugin = plugin
         self._prepared: dict[str, Any] | None = None
         self._watcher: Any = None
+        self._collection_said = False
 
     def _controller_state(self) -> dict[str, Any]:
         if self._prepared is None:
@@ -83,6 +113,9 @@ class XdistHooks:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput.update(self._controller_state())
+        if self.plugin.settings.in_play:
+            with contextlib.suppress(OSError):
+                _collection_file(self.plugin.session.output, str(node.gateway.id)).unlink(missing_ok=True)
         settings = self.plugin.settings
         if (
             self._watcher is None
@@ -96,6 +129,20 @@ class XdistHooks:
                 self.plugin.config, self.plugin.session.output, settings.progress_interval
             )
             self._watcher.start()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """Print the first worker's collection line (every worker plans alike)."""
+        if not self.plugin.settings.in_play:
+            return
+        lines = take_collection_lines(self.plugin.session.output, str(node.gateway.id))
+        if self._collection_said or not lines:
+            return
+        self._collection_said = True
+        reporter = self.plugin.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            for line in lines:
+                reporter.write_line(line)
 
     def pytest_sessionfinish(self) -> None:
         if self._watcher is not None:

@@ -213,6 +213,10 @@ class EvalReplayPlugin:
         and wrappers included), before the terminal counts what was collected
         and before an xdist worker reports its collection."""
         self._plan(session, session.config, session.items)
+        if self.active and hasattr(session.config, "workerinput"):
+            from pytest_evalreplay.distributed import send_collection_lines
+
+            send_collection_lines(self.session.output, session.config.workerinput, self.collection_lines())
         if not self.active or session.config.option.collectonly:
             return
         try:
@@ -277,6 +281,11 @@ class EvalReplayPlugin:
             items[:] = ordered
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str] | None:
+        return self.collection_lines()
+
+    def collection_lines(self) -> list[str] | None:
+        """What the collection line says; an xdist worker hands it to its
+        controller (which collects nothing: see distributed.py)."""
         from pytest_evalreplay.report import plural
 
         if self._unplanned:
