@@ -28,6 +28,13 @@ from pytest_evalreplay.model import (
 )
 
 RETRYABLE_EXCEPTIONS: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError)
+# What stops the session rather than failing a request or a rollout: Ctrl-C,
+# and a provider's SystemExit (`generation.stream_into_journal` turns it into
+# ProviderExit). Any other BaseException (asyncio.CancelledError,
+# GeneratorExit...) is a failure like an Exception: a provider's fails the
+# requests in flight for good, once; a scorer's (SystemExit included) fails
+# that rollout's scoring.
+STOPS_THE_SESSION: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit)
 
 
 class ScoredTask(Protocol):
@@ -48,11 +55,37 @@ def request_key(request: Request) -> RequestKey:
     return (request.stage, request.instance_id)
 
 
-def error_from_exception(exc: Exception) -> GenerationError:
+def error_from_exception(exc: BaseException) -> GenerationError:
     """A provider that raised instead of returning errors: connection-shaped
     exceptions are retryable, anything else is final."""
     retryable = isinstance(exc, RETRYABLE_EXCEPTIONS)
-    return GenerationError(f"provider raised {type(exc).__name__}: {exc}", retryable=retryable)
+    detail = f": {exc}" if str(exc) else ""
+    return GenerationError(f"provider raised {type(exc).__name__}{detail}", retryable=retryable)
+
+
+def _pulled(source: Iterator[Any]) -> Iterator[tuple[Any, BaseException | None]]:
+    """`source`'s items as `(item, None)`, then `(None, exc)` if the provider
+    raised anything but an interrupt. Only the provider's own code runs in the
+    guarded `next`, so a GeneratorExit thrown into the caller at its `yield`
+    (the consumer closing it) is never mistaken for the provider's."""
+    while True:
+        try:
+            item = next(source)
+        except StopIteration:
+            return
+        except STOPS_THE_SESSION:
+            raise
+        except BaseException as exc:  # CancelledError and kin: a failure, not a stop
+            yield None, exc
+            return
+        yield item, None
+
+
+def _deferred_stream(provider: Provider, requests: list[Request]) -> Iterator[tuple[int, object]]:
+    """The provider's stream, opened on the first `next`: a `generate_stream`
+    or `generate` that raises at once fails its requests like one that
+    raises midway."""
+    yield from _raw_stream(provider, requests)
 
 
 def check_result(request: Request, result: object) -> GenerateResult:
@@ -152,11 +185,17 @@ def stream_results(
     watched from outside: nothing for `timeout` seconds fails the rest,
     retryably."""
     pending = set(range(len(requests)))
-    raw = _raw_stream(provider, requests)
+    raw = _deferred_stream(provider, requests)
     watched = timeout is not None and not hasattr(provider, "request_timeout")
     source: Iterator[Any] = _watched(raw, timeout) if watched else raw  # type: ignore[arg-type]
     try:
-        for item in source:
+        for item, raised in _pulled(source):
+            if raised is not None:
+                err = error_from_exception(raised)
+                for i in sorted(pending):
+                    yield i, err
+                pending.clear()
+                return
             if item is None:  # the watchdog fired
                 msg = (
                     f"no result from the provider within --evalreplay-timeout={timeout:g}s; the call "
@@ -174,11 +213,6 @@ def stream_results(
                 continue
             pending.discard(index)
             yield index, check_result(requests[index], result)
-    except Exception as exc:
-        err = error_from_exception(exc)
-        for i in sorted(pending):
-            yield i, err
-        pending.clear()
     finally:
         close = getattr(source, "close", None)
         if close is not None:
@@ -261,7 +295,9 @@ def score_generation(
     that rollout naming the value, never a score of 0."""
     try:
         scores = task.score(generation.text, instance)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a scorer's SystemExit, CancelledError: its rollout fails
         return None, f"scorer raised {type(exc).__name__}: {exc}"
     for name, value in scores.items():
         if not math.isfinite(value):

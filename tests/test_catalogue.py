@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 PROVIDER = """
+import asyncio
 import os
 from pytest_evalreplay import Generation
 
@@ -28,6 +29,8 @@ class Echo:
         for r in requests:
             if r.instance_id == "exit":
                 raise SystemExit(3)
+            if r.instance_id == "cancel":
+                raise asyncio.CancelledError("the event loop went away")
             meta = {{"when": object()}} if r.instance_id == "meta" else {{}}
             text = "\\ud800" if r.instance_id == "surrogate" else "answer " + r.instance_id
             out.append([Generation(text=text, metadata=meta) for _ in r.rollouts])
@@ -217,6 +220,14 @@ CASES: dict[str, Case] = {
         ret=STOPPED,
         message="the provider raised SystemExit(3); stopping the session",
     ),
+    "provider raises CancelledError": Case(
+        fields={"instances": '[{"id": "cancel", "q": "x"}, {"id": "b", "q": "y"}]'},
+        ret=F,
+        message="provider raised CancelledError: the event loop went away",
+    ),
+    "scorer raises SystemExit": Case(
+        fields={"scorer": "lambda text, i: exit(3)"}, ret=F, message="scorer raised SystemExit: 3"
+    ),
     "scorer returns a string": Case(
         fields={"scorer": 'lambda text, i: "yes"'}, ret=F, message="scorer returned str for 'score'"
     ),
@@ -328,3 +339,19 @@ def test_a_bad_input_gets_a_message_naming_it(pytester: pytest.Pytester, name: s
     journal = pytester.path / "run" / "t-journal.jsonl"
     if "t-journal.jsonl" in saved and journal.is_file() and case.ret in (U,):
         assert journal.read_bytes() == saved["t-journal.jsonl"], "a refused run changed the journal"
+
+
+def test_a_provider_raising_a_base_exception_is_asked_once_and_reported_once(
+    pytester: pytest.Pytester,
+) -> None:
+    """asyncio.CancelledError is no Exception: it fails the requests in flight
+    for good, once, instead of escaping each item (a traceback per item and a
+    provider call per item, with the summary counting them missing)."""
+    ids = [{"id": "cancel", "q": "x"}] + [{"id": f"i{n}", "q": "y"} for n in range(20)]
+    write_project(pytester, Case(fields={"instances": repr(ids)}))
+    result = pytester.runpytest("--evalreplay-output=run")
+    text = result.stdout.str()
+    assert result.ret == F, text
+    assert (pytester.path / "calls.log").read_text().count("call") == 1, text
+    assert "21 failed" in text and "missing" not in text.split("evalreplay summary")[-1], text
+    assert text.count("Traceback") == 0 and len(result.outlines) < 120, text

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_evalreplay import scorers
+from pytest_evalreplay import EvalTask, Generation, scorers
+from pytest_evalreplay.execution import score_generation
 
 
 @pytest.mark.parametrize(
@@ -71,3 +74,31 @@ def test_numeric_match_of_its_own_rendering(value, tol):
         scorers.numeric_match(tolerance=max(tol, 1e-3) * (abs(value) + 1)).score(f"result: {value!r}", value)
         == 1.0
     )
+
+
+def _scored_by(scorer):
+    task = EvalTask("t", [{"id": "a"}], prompt="Q", scorer=scorer)
+    return score_generation(task, task.instance("a"), Generation(text="x"))
+
+
+@pytest.mark.parametrize(
+    ("exc", "message"),
+    [
+        (SystemExit(3), "scorer raised SystemExit: 3"),
+        (asyncio.CancelledError("gone"), "scorer raised CancelledError: gone"),
+        (GeneratorExit(), "scorer raised GeneratorExit: "),
+    ],
+)
+def test_a_scorer_raising_a_base_exception_fails_that_rollout(exc, message):
+    def scorer(text, instance):
+        raise exc
+
+    assert _scored_by(scorer) == (None, message)
+
+
+def test_ctrl_c_in_a_scorer_still_stops():
+    def scorer(text, instance):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _scored_by(scorer)
