@@ -10,6 +10,7 @@ then reads the chunk's rows from the journal. `TaskRun` (scoring) and
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -118,6 +119,9 @@ class Rollouts(ABC):
                 task.request(task.instance(iid), stage=stage, rollouts=rollouts)
                 for (stage, iid), rollouts in todo.items()
             ]
+            if task.name != self.name:
+                # An EloEval's pool: the answers are the eval's, and replay serves them so.
+                requests = [dataclasses.replace(r, task=self.name) for r in requests]
             stream_into_journal(
                 recorder,
                 self.ctx.host.get(),

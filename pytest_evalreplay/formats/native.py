@@ -37,6 +37,7 @@ import orjson
 
 from pytest_evalreplay.files import read_bytes
 from pytest_evalreplay.formats.saved import (
+    OWN_LAYOUT,
     IndexBuilder,
     IndexKey,
     SavedRow,
@@ -63,7 +64,7 @@ from pytest_evalreplay.runschema import (
     rollouts_of,
 )
 
-LAYOUT = "evalreplay"
+LAYOUT = OWN_LAYOUT
 LOOK_AHEAD = 8  # requests rows skipped in step (instances that failed) before joining by id
 BLOCK = 256  # rows per block on the in-step way: a block's parsed rows stay in the CPU's cache
 

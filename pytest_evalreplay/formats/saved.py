@@ -84,6 +84,7 @@ class SavedRow:
 
 
 Decoder = Callable[[bytes, str, Path], SavedRow]
+OWN_LAYOUT = "evalreplay"  # the plugin's own run dir: one predictions file per task
 # A saved row's (stage, instance id) without a full decode, for the
 # diagnostics of a miss; None when the row cannot say.
 Identify = Callable[[bytes], "tuple[int, str] | None"]
@@ -132,6 +133,16 @@ class SavedIndex:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def task_rows(self, rows: list[SavedRow], task: str) -> list[SavedRow]:
+        """Of a prompt's rows, those the plugin's own run dir saved for `task`
+        (its files name the task that wrote them); all of them when it saved
+        none for `task`, or the layout is another harness's (prompt-only)."""
+        own = self._cache.get("own_files")
+        if own is None:
+            own = self._cache["own_files"] = {f.path: f.task for f in self.files if f.layout == OWN_LAYOUT}
+        mine = [row for row in rows if own.get(row.file) == task] if own else []
+        return mine or rows
 
     def rows(self, prompt: PromptKey) -> list[SavedRow]:
         """The saved rows for a prompt (`Request.prompt_key`), in file order (empty if none).
@@ -273,11 +284,13 @@ class IndexBuilder:
 
     def collide(self, key: IndexKey, prev: Slot, pos: int) -> None:
         """A prompt saved twice: fine within one file (replay compares the
-        saves when asked), refused across files, where the choice of which
-        run to trust belongs to the user."""
+        saves when asked), and across the task files of the plugin's own run
+        dir (each task is served from its own file, `SavedIndex.task_rows`);
+        refused across other files, where the choice of which run to trust
+        belongs to the user."""
         first = prev if type(prev) is int else prev[0]
         (a, la), (b, lb) = locate(self.files, first), locate(self.files, pos)
-        if a is not b:
+        if a is not b and not (a.layout == b.layout == OWN_LAYOUT and a.task != b.task):
             raise EvalReplayError(
                 f"{a.path}:{la} and {b.path}:{lb} both save the same prompt "
                 f"(instances {self._instance(first)} and {self._instance(pos)}); "

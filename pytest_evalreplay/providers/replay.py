@@ -2,7 +2,9 @@
 rescored (new scorer, fixed extraction, edited gold answers) without a model.
 
 A request is answered by the saved rows whose prompt key (context plus system
-prompt, `model.prompt_key`) equals its own. The raw text is served
+prompt, `model.prompt_key`) equals its own; from the plugin's own run dir,
+by those of the request's task's own file when it has one (two tasks may
+share a prompt). The raw text is served
 (`original_text` when the save has one), so the task extracts, strips and
 scores again exactly as it would a live answer. Everything that cannot be
 answered faithfully is a non-retryable `GenerationError`, never a score of 0.
@@ -137,7 +139,7 @@ class ReplayProvider:
                 f"replay: this request's context cannot be written as JSON ({exc}; {where})"
             )
         try:
-            rows = self.index.rows(prompt)
+            rows = self.index.task_rows(self.index.rows(prompt), request.task)
         except EvalReplayError as exc:
             return GenerationError(f"replay: {exc} ({where})")
         if not rows:
