@@ -179,6 +179,15 @@ class EvalTask:
         self.name = validate_task_name(name)
         base = self.defined_in.parent if self.defined_in is not None else Path.cwd()
         self.instances = load_instances(instances, base)
+        if not self.instances:  # a file with no rows is refused by load_instances, naming it
+            what = (
+                f"instances={instances!r:.20} is empty"
+                if isinstance(instances, (list, tuple))
+                else ("the instances iterable yielded none")
+            )
+            raise EvalReplayError(
+                f"task {name!r}: no instances ({what}); give at least one instance, a dict with an 'id'"
+            )
         if not isinstance(prompt, str) and not callable(prompt):
             raise EvalReplayError(f"task {name!r}: prompt must be a format string or a callable")
         self.prompt = prompt
@@ -192,6 +201,12 @@ class EvalTask:
             raise EvalReplayError(f"task {name!r}: scorer must be callable or a built-in scorer")
         self.scorer = scorer
         self.target = target
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise EvalReplayError(
+                f"task {name!r}: system_prompt must be a string or None, got "
+                f"{type(system_prompt).__name__} {system_prompt!r:.60}; for several system messages, "
+                "return chat messages from a prompt callable"
+            )
         self.system_prompt = system_prompt
         if type(num_samples) is not int or num_samples < 1:
             raise EvalReplayError(
@@ -199,6 +214,10 @@ class EvalTask:
             )
         self.num_samples = num_samples
         self.sampling = validate_sampling(sampling, f"task {name!r}")
+        if not isinstance(strip_reasoning, bool):
+            raise EvalReplayError(
+                f"task {name!r}: strip_reasoning must be True or False, got {strip_reasoning!r:.40}"
+            )
         self.strip_reasoning = strip_reasoning
         if gate is not None and not isinstance(gate, Gate):
             raise EvalReplayError(f"task {name!r}: gate must be a Gate(...), got {type(gate).__name__}")
@@ -234,6 +253,15 @@ class EvalTask:
         if isinstance(context, list) and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) for m in context
         ):
+            for n, message in enumerate(context):
+                try:
+                    orjson.dumps(message)
+                except TypeError as exc:  # a set, an object: the request is saved and digested as JSON
+                    raise EvalReplayError(
+                        f"{where}: the prompt callable returned chat messages, and message {n} "
+                        f"({message!r:.80}) is not JSON ({exc}); give each message JSON values, "
+                        "a string 'content' or a list of content parts"
+                    ) from None
             return context
         raise EvalReplayError(
             f"{where}: the prompt callable returned {type(context).__name__}; return a string or a "
@@ -310,8 +338,30 @@ class EvalTask:
         else:
             value = self.scorer(text, instance)
         if isinstance(value, Mapping):
-            return {str(k): _as_float(v, self.name, k) for k, v in value.items()}
+            return self._score_dict(value)
         return {self.scorer_name: _as_float(value, self.name, self.scorer_name)}
+
+    def _score_dict(self, value: Mapping[Any, Any]) -> dict[str, float]:
+        """A scorer's dict as named scores: never empty (a rollout with no
+        score would pass unscored), and no two keys with one name."""
+        scorer = f"task {self.name!r}: scorer {self.scorer_name!r}"
+        if not value:
+            raise EvalReplayError(
+                f"{scorer} returned no scores (an empty dict); return a float, a bool, "
+                "or a dict with at least one score"
+            )
+        out: dict[str, float] = {}
+        first: dict[str, Any] = {}
+        for k, v in value.items():
+            key = str(k)
+            if key in first:
+                raise EvalReplayError(
+                    f"{scorer} returned keys {first[key]!r} and {k!r}, both named {key!r} once saved; "
+                    "give each score its own string name"
+                )
+            first[key] = k
+            out[key] = _as_float(v, self.name, k)
+        return out
 
     # -- running without pytest -------------------------------------------
 

@@ -47,7 +47,8 @@ def pytest_evalreplay_make_provider(config, kind):
 TASK = """
 from pytest_evalreplay import EvalTask, Gate, scorers
 t = EvalTask({name}, {instances}, prompt={prompt}, scorer={scorer}, num_samples={num_samples},
-             sampling={sampling}, gate={gate})
+             sampling={sampling}, gate={gate}, system_prompt={system_prompt},
+             strip_reasoning={strip_reasoning})
 """
 
 
@@ -70,6 +71,8 @@ BASE_FIELDS = {
     "num_samples": "1",
     "sampling": "None",
     "gate": "None",
+    "system_prompt": "None",
+    "strip_reasoning": "False",
 }
 
 U, C, F, OK, STOPPED = (  # usage error, collection error, failed items, passed, stopped
@@ -187,6 +190,27 @@ CASES: dict[str, Case] = {
     "instance id with a carriage return": Case(
         ret=C, fields={"instances": '[{"id": "a\\rb"}]'}, message="instance #0"
     ),
+    "system_prompt a list": Case(
+        ret=C,
+        fields={"system_prompt": '["a", "b"]'},
+        message="task 't': system_prompt must be a string or None, got list ['a', 'b']",
+    ),
+    "system_prompt a number": Case(
+        ret=C, fields={"system_prompt": "5"}, message="system_prompt must be a string or None, got int 5"
+    ),
+    "strip_reasoning a string": Case(
+        ret=C,
+        fields={"strip_reasoning": "'no'"},
+        message="task 't': strip_reasoning must be True or False, got 'no'",
+    ),
+    "instances an empty list": Case(
+        ret=C, fields={"instances": "[]"}, message="task 't': no instances (instances=[] is empty)"
+    ),
+    "chat message content a set": Case(
+        ret=C,
+        fields={"prompt": 'lambda i: [{"role": "user", "content": {"x"}}]'},
+        message="task 't', instance 'a': the prompt callable returned chat messages, and message 0",
+    ),
     "two tasks with one name": Case(prepare="two-tasks", message="two different tasks are named 't'"),
     "empty instances file": Case(
         ret=C, fields={"instances": '"empty.jsonl"'}, prepare="empty-instances", message="empty.jsonl"
@@ -227,6 +251,16 @@ CASES: dict[str, Case] = {
     ),
     "scorer raises SystemExit": Case(
         fields={"scorer": "lambda text, i: exit(3)"}, ret=F, message="scorer raised SystemExit: 3"
+    ),
+    "scorer returns an empty dict": Case(
+        fields={"scorer": "lambda text, i: {}"},
+        ret=F,
+        message="scorer 'score' returned no scores (an empty dict)",
+    ),
+    "scorer returns colliding keys": Case(
+        fields={"scorer": 'lambda text, i: {1: 1.0, "1": 0.0}'},
+        ret=F,
+        message="scorer 'score' returned keys 1 and '1', both named '1' once saved",
     ),
     "scorer returns a string": Case(
         fields={"scorer": 'lambda text, i: "yes"'}, ret=F, message="scorer returned str for 'score'"

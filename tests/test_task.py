@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pytest_evalreplay import EvalReplayError, EvalTask, Generation, GenerationError, scorers
@@ -152,3 +154,48 @@ def test_partial_and_object_callables_are_identified_by_what_they_wrap():
     assert config(Scorer(0.5)) == config(Scorer(0.5))
     assert config(Scorer(0.5)) != config(Scorer(0.6))
     assert "0x" not in repr(config(Scorer(0.5)))
+
+
+# -- checked when the task is built, or when the value arrives (#18) --------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"system_prompt": ["a", "b"]}, r"task 't': system_prompt must be a string or None, got list"),
+        ({"system_prompt": 5}, r"task 't': system_prompt must be a string or None, got int"),
+        ({"strip_reasoning": "no"}, r"task 't': strip_reasoning must be True or False, got 'no'"),
+        ({"strip_reasoning": 1}, r"task 't': strip_reasoning must be True or False, got 1"),
+        ({"instances": []}, r"task 't': no instances \(instances=\[\] is empty\)"),
+        ({"instances": iter(())}, r"task 't': no instances"),
+    ],
+)
+def test_bad_task_arguments_are_refused_when_the_task_is_built(kwargs, message):
+    args = {"instances": [{"id": "a"}], "prompt": "x", "scorer": "contains", **kwargs}
+    with pytest.raises(EvalReplayError, match=message):
+        EvalTask("t", **args)
+
+
+def test_a_chat_message_content_json_cannot_hold_names_task_instance_and_message():
+    task = EvalTask(
+        "t", [{"id": "a"}], prompt=lambda i: [{"role": "user", "content": {"x", "y"}}], scorer="contains"
+    )
+    with pytest.raises(
+        EvalReplayError, match=r"task 't', instance 'a': the prompt callable returned .*message 0"
+    ):
+        task.request(task.instances[0])
+
+
+@pytest.mark.parametrize(
+    ("scorer", "message"),
+    [
+        (lambda text, i: {}, r"scorer 'score' returned no scores \(an empty dict\)"),
+        (lambda text, i: {1: 1.0, "1": 0.0}, r"scorer 'score' returned keys 1 and '1', both named '1'"),
+    ],
+)
+def test_a_scorer_whose_scores_cannot_be_kept_fails_that_rollout(scorer, message):
+    task = EvalTask("t", [{"id": "a"}], prompt="x", scorer=scorer)
+    result = task.evaluate(Echo())
+    (rollout,) = result.rollouts
+    assert rollout.failure_class == "scoring"
+    assert re.search(message, rollout.error), rollout.error
