@@ -117,3 +117,16 @@ def test_an_elo_pool_sharing_a_tasks_prompt_replays_from_the_evals_own_files(
     replayed.assert_outcomes(passed=4)
     again = orjson.loads((pytester.path / "again" / "duel-metrics.json").read_bytes())["elo"]["rating"]
     assert again == rating
+
+
+@pytest.mark.parametrize("output", ["run/sub", "run/sub/deeper"])
+def test_a_replay_never_writes_inside_the_run_it_replays(pytester: pytest.Pytester, output: str) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_evals=EVALS)
+    pytester.runpytest("--evalreplay-provider=pertask", "--evalreplay-output=run", "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        "--evalreplay-predictions=run", f"--evalreplay-output={output}", "-p", "no:cacheprovider"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*is inside the saved run*would write into what it replays*"])
+    assert not (pytester.path / "run" / "sub").exists()
