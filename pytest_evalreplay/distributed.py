@@ -14,6 +14,9 @@ fullest journal.
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
     from pytest_evalreplay.session import EvalSession
 
 JOURNAL_SUFFIX = "-journal.jsonl"
+EXIT_ORPHANED = 3  # a worker's exit status when its controller died (pytest's INTERNAL_ERROR)
 COLLECTION_PREFIX = ".evalreplay-collection-"  # + worker id + .json: a worker's collection line
 
 
@@ -74,6 +78,37 @@ def take_collection_lines(directory: Path, worker: str) -> list[str]:
     return [str(line) for line in lines] if isinstance(lines, list) else []
 
 
+ORPHAN_CHECK = 0.1  # seconds between a worker's checks that its controller lives
+
+
+def _controller_alive(pid: int, parent: int) -> bool:
+    if parent == pid:  # the usual case (popen workers): an orphan is re-parented at once,
+        return os.getppid() == pid  # even while the dead controller is an unreaped zombie
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # alive, another user's
+    return True
+
+
+def watch_controller(pid: int, interval: float = ORPHAN_CHECK) -> threading.Thread:
+    """A worker whose controller died (SIGKILL, OOM) stops at once: it would
+    otherwise go on generating into a journal that a new session may already
+    own. Rows already appended are in the file; nothing more is written."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while _controller_alive(pid, parent):
+            time.sleep(interval)
+        os._exit(EXIT_ORPHANED)
+
+    thread = threading.Thread(target=watch, name="evalreplay-controller-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 class PluginState(Protocol):
     """What these hooks read of the plugin (plugin.py's `EvalReplayPlugin`):
     named here so the plugin can register them without an import circle."""
@@ -98,7 +133,11 @@ class XdistHooks:
     def _controller_state(self) -> dict[str, Any]:
         if self._prepared is None:
             session = self.plugin.session
-            state: dict[str, Any] = {"evalreplay_run_id": session.run_id, "evalreplay_seed": session.seed}
+            state: dict[str, Any] = {
+                "evalreplay_run_id": session.run_id,
+                "evalreplay_seed": session.seed,
+                "evalreplay_controller_pid": os.getpid(),
+            }
             if self.plugin.settings.in_play:
                 try:
                     session.hold_output()
@@ -109,6 +148,11 @@ class XdistHooks:
                     stale.unlink(missing_ok=True)
             self._prepared = state
         return self._prepared
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        pid = getattr(session.config, "workerinput", {}).get("evalreplay_controller_pid")
+        if pid is not None and self.plugin.settings.in_play:
+            watch_controller(int(pid))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:

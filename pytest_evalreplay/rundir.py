@@ -16,6 +16,7 @@ import contextlib
 import datetime as _dt
 import os
 import socket
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,11 @@ from typing import Any
 
 import orjson
 from filelock import FileLock, Timeout
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; workers' claims are not taken there
+    fcntl = None  # type: ignore[assignment]
 
 from pytest_evalreplay.files import atomic_write, os_error
 from pytest_evalreplay.journal import JournalIndex
@@ -32,6 +38,8 @@ from pytest_evalreplay.runschema import FORMAT, MANIFEST, prediction_row, reques
 
 SESSION_LOCK = ".evalreplay-session.lock"
 SESSION_HOLDER = ".evalreplay-session.json"
+SESSION_WORKERS = ".evalreplay-session-workers.lock"  # xdist workers' shared claim (flock LOCK_SH)
+WORKERS_GONE_WAIT = 5.0  # seconds a new session waits for a dead controller's workers to stop
 
 
 def _jsonl(rows: Iterable[Mapping[str, Any]]) -> Iterator[bytes]:
@@ -174,11 +182,17 @@ def refuse_self_replay(predictions: Path, output: Path) -> None:
 class SessionLock:
     """One pytest session at a time per output dir (xdist workers share their
     controller's). Held for the whole session with an OS file lock, which the
-    OS releases if the process dies; who holds it is written beside it."""
+    OS releases if the process dies; who holds it is written beside it.
+
+    Each xdist worker also holds a shared OS lock on SESSION_WORKERS for its
+    whole life: the controller's lock goes with the controller, and a worker
+    may outlive it for a moment (distributed.py stops orphans), so a new
+    session also waits for every worker claim to go before it writes."""
 
     directory: Path
     run: str
     _lock: FileLock | None = None
+    _claim: int | None = None  # a worker's open descriptor on SESSION_WORKERS
 
     @property
     def holder_path(self) -> Path:
@@ -196,6 +210,11 @@ class SessionLock:
             ) from None
         except OSError as exc:
             raise os_error(self.directory / SESSION_LOCK, exc, "lock") from None
+        try:
+            self._wait_for_workers_gone()
+        except BaseException:
+            lock.release()
+            raise
         self._lock = lock
         holder = {
             "run": self.run,
@@ -228,7 +247,66 @@ class SessionLock:
                 f"({self.describe_holder()}); another session may be writing it"
             )
 
+    def _open_claim(self) -> int | None:
+        """SESSION_WORKERS opened without following a link (None where the OS
+        has no flock: there, a dead controller's workers are not waited for)."""
+        if fcntl is None:
+            return None
+        path = self.directory / SESSION_WORKERS
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            return os.open(path, flags, 0o644)
+        except OSError as exc:
+            raise os_error(path, exc, "lock") from None
+
+    def _wait_for_workers_gone(self) -> None:
+        """The session lock is ours: wait (bounded) until no worker of an
+        earlier session still holds its claim, else refuse."""
+        fd = self._open_claim()
+        if fd is None:
+            return
+        try:
+            deadline = time.monotonic() + WORKERS_GONE_WAIT
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # type: ignore[union-attr]
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise EvalReplayError(
+                            f"the output dir {self.directory} is still written by pytest-xdist workers of "
+                            f"an earlier session ({self.describe_holder()}) {WORKERS_GONE_WAIT:.0f} s after "
+                            "its controller ended; stop those worker processes, or pass "
+                            "--evalreplay-output=OTHER_DIR (ini evalreplay_output)"
+                        ) from None
+                    time.sleep(0.05)
+                else:
+                    return
+        finally:
+            os.close(fd)  # closing drops the probe's exclusive lock
+
+    def claim_for_worker(self) -> None:
+        """An xdist worker: hold a shared claim on the output dir for as long
+        as this process lives (the OS drops it when the process dies)."""
+        if self._claim is not None:
+            return
+        fd = self._open_claim()
+        if fd is None:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # type: ignore[union-attr]
+        except BlockingIOError:
+            os.close(fd)
+            raise EvalReplayError(
+                f"the output dir {self.directory} is being taken by another pytest session "
+                f"({self.describe_holder()}); this worker's controller no longer holds it"
+            ) from None
+        self._claim = fd
+
     def release(self) -> None:
+        claim, self._claim = self._claim, None
+        if claim is not None:
+            with contextlib.suppress(OSError):
+                os.close(claim)
         lock, self._lock = self._lock, None
         if lock is not None:
             with contextlib.suppress(OSError):

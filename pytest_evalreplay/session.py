@@ -83,14 +83,19 @@ class EvalSession:
             return
         lock = SessionLock(self.output, self.run_id)
         if self.ctx.worker is not None:
-            lock.check_held_by_run()
+            lock.claim_for_worker()
+            try:
+                lock.check_held_by_run()
+            except EvalReplayError:
+                lock.release()
+                raise
         else:
             lock.acquire()
         self._lock = lock
 
     def release_output(self) -> None:
-        if self._lock is not None and self.ctx.worker is None:
-            self._lock.release()
+        if self._lock is not None:
+            self._lock.release()  # a worker's: its shared claim only
         self._lock = None
 
     def replay_provider(self) -> Provider:
