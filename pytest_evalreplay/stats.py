@@ -173,7 +173,7 @@ class PairedTest:
         units = f"{self.n:,} {self.unit}{'' if self.n == 1 else 's'}"
         if self.n == 0:
             return f"{self.name}: no {self.unit} scored by both runs"
-        if self.estimate is None:
+        if self.estimate is None or not math.isfinite(self.estimate):
             return f"{self.name} over {units}: the change is not representable as a float"
         text = f"{self.name} over {units}: change {self._signed(self.estimate)}"
         if self.lo is None or self.hi is None:

@@ -254,3 +254,22 @@ def test_a_constant_shift_is_the_mean_difference(base_values, shift):
     assert got.estimate == pytest.approx(shift, abs=1e-12)
     assert got.lo is not None and got.lo <= got.estimate <= got.hi
     assert not got.significant_drop
+
+
+def test_a_change_that_is_not_a_finite_number_is_said_in_words_never_nan() -> None:
+    from pytest_evalreplay.stats import PairedTest
+
+    test = PairedTest(
+        name="paired t-test",
+        n=3,
+        estimate=float("nan"),
+        lo=None,
+        hi=None,
+        confidence=0.9,
+        p_value=1.0,
+        alpha=0.05,
+        p_gain=None,
+        unit="instance",
+        decimals=4,
+    )
+    assert "nan" not in test.describe() and "not representable" in test.describe()
