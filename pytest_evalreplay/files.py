@@ -5,15 +5,23 @@ Everything the plugin writes lives in an output dir that other tools, other
 sessions and users share, so writes never follow a link planted there:
 temporary files are created exclusively (`O_EXCL`) in the target's own
 directory and renamed into place, appends refuse a symlinked file
-(`O_NOFOLLOW`), and every write is fsynced before it counts. Reading turns
-every OS and JSON error into an `EvalReplayError` naming the file (and line).
+(`O_NOFOLLOW`), and every write is fsynced before it counts. Journals are
+the exception: `AppendFile` writes each group of rows to the OS at once (a
+killed process loses nothing it wrote) and fsyncs within `SYNC_SECONDS`
+from a background thread, since fsync guards against power loss only.
+Reading turns every OS and JSON error into an `EvalReplayError` naming the
+file (and line).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
+import threading
+import time
+import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +31,7 @@ import orjson
 from pytest_evalreplay.model import EvalReplayError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+SYNC_SECONDS = 0.5  # the longest an appended row waits for its fsync
 # The process umask, read once: files written atomically get the mode a plain
 # open() would give them, not mkstemp's private 0600.
 _UMASK = os.umask(0)
@@ -94,41 +103,153 @@ def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
 
 
 def append_durably(path: Path, blob: bytes) -> None:
-    """Append `blob` and fsync. A half-written last line (a writer died
-    mid-write) is cut off first, so rows never run together. Refuses a
-    symlinked file rather than appending to whatever it points at."""
+    """Append `blob` and fsync (one open, write, fsync, close). A
+    half-written last line (a writer died mid-write) is cut off first, so
+    rows never run together. Refuses a symlinked file."""
     if not blob:
         return
+    file = AppendFile(path)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
-    except OSError as exc:
-        raise os_error(path, exc, "append to") from None
-    try:
-        end = os.lseek(fd, 0, os.SEEK_END)
-        if end and os.pread(fd, 1, end - 1) != b"\n":
-            # Find the last newline from the end, a block at a time.
-            pos = end
-            cut = 0
-            while pos > 0:
-                start = max(0, pos - 65536)
-                chunk = os.pread(fd, pos - start, start)
-                i = chunk.rfind(b"\n")
-                if i >= 0:
-                    cut = start + i + 1
-                    break
-                pos = start
-            os.ftruncate(fd, cut)
-            end = cut
-        view = memoryview(blob)
-        while view:
-            written = os.pwrite(fd, view, end)
-            view = view[written:]
-            end += written
-        os.fsync(fd)
-    except OSError as exc:
-        raise os_error(path, exc, "append to") from None
+        file.write(blob)
+        file.sync()
     finally:
-        os.close(fd)
+        file.close()
+
+
+def _cut_torn_tail(fd: int, end: int) -> int:
+    """Cut a last line without its newline (a writer died mid-write); the new end."""
+    if not end or os.pread(fd, 1, end - 1) == b"\n":
+        return end
+    pos, cut = end, 0
+    while pos > 0:  # the last newline, a block at a time from the end
+        start = max(0, pos - 65536)
+        i = os.pread(fd, pos - start, start).rfind(b"\n")
+        if i >= 0:
+            cut = start + i + 1
+            break
+        pos = start
+    os.ftruncate(fd, cut)
+    return cut
+
+
+class AppendFile:
+    """An append-only file kept open by one process: each `write` reaches
+    the OS at once (one write(2) per call; the caller holds the file's lock,
+    so writers of other processes never interleave), and is fsynced by the
+    background syncer within `SYNC_SECONDS`, or at `sync`/`close`.
+
+    A file replaced under it (another process rewrote or removed it) is
+    reopened by name before the next write; a symlink there is refused."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._id: tuple[int, int] | None = None
+        self._dirty = False
+        self._mutex = threading.Lock()  # the fd against the syncer thread
+
+    def _current_fd(self) -> int:
+        """The open fd of the file now at `path` (reopened when it was replaced)."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+            now = (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+        except FileNotFoundError:
+            now = None
+        if self._fd is not None and now == self._id:
+            return self._fd
+        self._close()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | _NOFOLLOW, 0o644)
+        st = os.fstat(fd)
+        with self._mutex:
+            self._fd, self._id = fd, (st.st_dev, st.st_ino)
+        return fd
+
+    def write(self, blob: bytes) -> None:
+        if not blob:
+            return
+        try:
+            fd = self._current_fd()
+            _cut_torn_tail(fd, os.lseek(fd, 0, os.SEEK_END))
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as exc:
+            raise os_error(self.path, exc, "append to") from None
+        with self._mutex:
+            first = not self._dirty
+            self._dirty = True
+        if first:
+            _SYNCER.due(self)
+
+    def sync(self) -> None:
+        """fsync what was written since the last sync, if anything. The fd is
+        duplicated under the mutex, so the syncer never fsyncs a closed (or
+        reused) descriptor and a write never waits for a disk."""
+        with self._mutex:
+            if not self._dirty or self._fd is None:
+                return
+            fd = os.dup(self._fd)
+            self._dirty = False
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            with self._mutex:
+                self._dirty = True  # still unsynced: the writer's own sync raises it again
+            raise os_error(self.path, exc, "sync") from None
+        finally:
+            os.close(fd)
+
+    def _close(self) -> None:
+        with self._mutex:
+            fd, self._fd, self._id = self._fd, None, None
+            dirty, self._dirty = self._dirty, False
+        if fd is not None:
+            try:
+                if dirty:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        """fsync what is unsynced and close the file."""
+        try:
+            self._close()
+        except OSError as exc:
+            raise os_error(self.path, exc, "sync") from None
+
+
+class _Syncer:
+    """One daemon thread per process that fsyncs each written `AppendFile`
+    `SYNC_SECONDS` after its first unsynced write: fsync is grouped without
+    waiting for the next write."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: weakref.WeakSet[AppendFile] = weakref.WeakSet()
+        self._thread: threading.Thread | None = None
+
+    def due(self, file: AppendFile) -> None:
+        with self._cond:
+            self._due.add(file)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="evalreplay-fsync", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due:
+                    self._cond.wait()
+            time.sleep(SYNC_SECONDS)  # let the group gather
+            with self._cond:
+                files, self._due = list(self._due), weakref.WeakSet()
+            for file in files:
+                with contextlib.suppress(OSError, EvalReplayError):
+                    file.sync()
+
+
+_SYNCER = _Syncer()
 
 
 def read_bytes(path: Path) -> bytes:

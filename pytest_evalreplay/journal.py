@@ -19,15 +19,19 @@ line (orjson), each row typed:
 
 Reuse is decided by content: a rollout's `gen` row is reused when its request
 digest and provider digest equal those of the request rendered now. Writers
-append whole groups of rows with one fsync (`files.append_durably`) under a
-per-task file lock, so pytest-xdist workers never interleave rows. Reading is
-incremental (from a byte offset), keeps only compact references (positions of
-rows, not their text), and validates every row: a malformed line names file
-and line; a torn last line (a crash mid-write) is skipped and reported.
+append rows with one write(2) each (`append_durably`: in the OS at once, so a
+killed process loses nothing it wrote; fsynced in groups within
+`files.SYNC_SECONDS`) under a per-task file lock, so pytest-xdist workers
+never interleave rows. Reading is incremental (from a byte offset), keeps
+only compact references (positions of rows, not their text), and validates
+every row: a malformed line names file and line; a torn last line (a crash
+mid-write) is skipped and reported. A journal rewritten under a reader (a
+reset, a compaction) is a new file, and the reader starts over.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +41,7 @@ from typing import Any
 import orjson
 from filelock import FileLock
 
-from pytest_evalreplay.files import append_durably, atomic_write, os_error
+from pytest_evalreplay.files import AppendFile, atomic_write, os_error
 from pytest_evalreplay.model import EvalReplayError, Failure, Generation
 
 FORMAT = "evalreplay-journal/2"
@@ -117,6 +121,7 @@ class JournalIndex:
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     stage_rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (lineno, row)
     torn: int | None = None  # line number of a torn last line, if any
+    file_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read: a rewrite is a new one
     notes: list[str] = field(default_factory=list)
     # One object per distinct key, digest, run id and score mapping: a large
     # task repeats them on every row, and the index lives as long as the session.
@@ -147,9 +152,12 @@ class JournalIndex:
         except OSError as exc:
             raise os_error(self.path, exc, "read the journal") from None
         try:
-            size = os.fstat(fd).st_size
-            if size < self.offset:  # replaced by a fresh journal (a reset by a peer)
-                self.reset()
+            st = os.fstat(fd)
+            size = st.st_size
+            if self.file_id != (st.st_dev, st.st_ino) or size < self.offset:
+                if self.offset:  # replaced (a reset or compaction by a peer): read it afresh
+                    self.reset()
+                self.file_id = (st.st_dev, st.st_ino)
             end = size if limit is None else min(size, limit)
             if end <= self.offset:
                 return
@@ -374,8 +382,6 @@ def _judgments(judgments: Any, where: str) -> dict[str, tuple[float, ...]]:
 
 
 def _scores(scores: Any, where: str) -> dict[str, float]:
-    import math
-
     if not isinstance(scores, dict) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in scores.values()
     ):
@@ -450,9 +456,30 @@ def encode(rows: Iterable[Mapping[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows)
 
 
+_OPEN: dict[Path, AppendFile] = {}  # the journals this process writes, each kept open
+
+
+def append_durably(path: Path, blob: bytes) -> None:
+    """Append encoded rows (the caller holds the task lock): one write(2) to a
+    file kept open, so a killed process loses none of them once this returns;
+    fsynced (power loss) within `files.SYNC_SECONDS`, or at `sync`."""
+    file = _OPEN.get(path)
+    if file is None:
+        file = _OPEN[path] = AppendFile(path)
+    file.write(blob)
+
+
+def sync(path: Path) -> None:
+    """fsync what this process appended to a journal and has not synced yet."""
+    if (file := _OPEN.get(path)) is not None:
+        file.sync()
+
+
 def append(directory: Path, task: str, rows: Iterable[Mapping[str, Any]]) -> None:
-    """Append rows durably (one write, one fsync). The caller holds the task lock."""
-    append_durably(journal_path(directory, task), encode(rows))
+    """Append rows and fsync them. The caller holds the task lock."""
+    path = journal_path(directory, task)
+    append_durably(path, encode(rows))
+    sync(path)
 
 
 def start_fresh(directory: Path, task: str, run: str) -> None:

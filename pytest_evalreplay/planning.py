@@ -88,6 +88,23 @@ def decide(
     return out
 
 
+def resumable(plan: TaskPlan, selected: Iterable[RolloutKey], index: JournalIndex, max_attempts: int) -> int:
+    """How many selected items `--resume` would reuse, when the journal holds
+    an unfinished run (some selected item has neither a generation nor a final
+    failure); 0 when it holds none or all of them. A plain run's header says so."""
+    decisions = decide(plan, selected, index, True, max_attempts)
+    return len(decisions.reuse) if decisions.run else 0
+
+
+def resumable_line(task: str, count: int) -> str | None:
+    """The header line for `resumable`'s count (None when there is nothing to say)."""
+    if not count:
+        return None
+    return (
+        f"evalreplay: {task}: the output dir holds an unfinished run: --resume would reuse {count:,} results"
+    )
+
+
 def foreign_rows(plan: TaskPlan, index: JournalIndex) -> list[str]:
     """Notes naming file:line for journal rows whose key is not one of the
     task's items (an unknown instance, rollout 7 of 2, stage -3): they are

@@ -1,16 +1,26 @@
-"""One task's recorder: its journal (group commit under the task lock) and
-the run dir files written from it.
+"""One task's recorder: its journal (written through under the task lock,
+compacted once per plain run) and the run dir files written from it.
 
-Rows are buffered and committed in groups: when a few hundred have piled up,
-when half a second has passed since the first unsaved one, before a retry,
-and at the end of every generation chunk and before anything reads the
-numbers. One commit is one write and one fsync, so a crash loses at most the
-last group (and what was in flight at the provider), and `--resume` asks only
-for the rest.
+Every answer reaches the journal file the moment it arrives: `add` writes a
+generation's rows (and a failure's, a stage record's) with one write(2) under
+the task lock, so a killed process loses only what was in flight at the
+provider, and `--resume` asks only for that. fsync is grouped (it guards
+against power loss, not a kill): a background thread syncs within half a
+second of a write, and `flush` syncs at once. Score rows alone are buffered
+(a few hundred, or half a second) and go with the next write: a crash only
+means they are computed again.
+
+Nothing but `--evalreplay-reset` discards a saved result. A run without
+`--resume` appends its generations after the older ones (it reuses none);
+before its first write it compacts the journal once, keeping per item the
+newest generation (and failure) of each request and provider, so repeated
+plain runs keep at most two generations of each, and `--resume` still finds
+every result it could use.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -18,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from filelock import FileLock
 
 from pytest_evalreplay import journal, rundir
+from pytest_evalreplay.files import atomic_write, read_bytes
 from pytest_evalreplay.journal import JournalIndex, RolloutKey
 from pytest_evalreplay.metrics import TaskOutcome
 from pytest_evalreplay.model import Failure, Generation
@@ -38,7 +50,9 @@ class TaskRecorder:
     run: str
     reset: bool  # discard what the journal holds, once per run, at the first write
     limit: int | None = None  # the resume snapshot: read no further at collection
+    compact: bool = False  # drop superseded rows, once per run, at the first write
     index: JournalIndex = field(init=False)
+    path: Path = field(init=False)
     _buffer: list[dict[str, Any]] = field(default_factory=list)
     _first_unsaved: float | None = None
     _known_requests: set[str] = field(default_factory=set)
@@ -47,7 +61,8 @@ class TaskRecorder:
     _lock: FileLock | None = None
 
     def __post_init__(self) -> None:
-        self.index = JournalIndex(journal.journal_path(self.directory, self.task), self.task)
+        self.path = journal.journal_path(self.directory, self.task)
+        self.index = JournalIndex(self.path, self.task)
 
     # -- locks -----------------------------------------------------------------
 
@@ -85,39 +100,54 @@ class TaskRecorder:
     def _prepare(self) -> None:
         """Before the first write of this process: reset the journal once per
         run when asked (xdist peers of the run share the run id in its header),
-        or give a new journal its header."""
+        compact it once per run when asked, or give a new journal its header."""
         if self._prepared:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         header = self.index.header
-        path = journal.journal_path(self.directory, self.task)
         if self.reset and (header is None or header.get("run") != self.run):
-            current = _header_run(path)
-            if current != self.run:
+            if _header_run(self.path) != self.run:
                 journal.start_fresh(self.directory, self.task, self.run)
                 rundir.remove_task_files(self.directory, self.task)
                 self.index.reset()
-        else:
-            journal.ensure_header(self.directory, self.task, self.run)
+        elif self.compact and _header_run(self.path) != self.run:
+            self.index.refresh()
+            if superseded(self.index, self.run):
+                compact_journal(self.path, self.task, self.run)
+                self.index.refresh()  # a new file: read afresh
+        journal.ensure_header(self.directory, self.task, self.run)
         self._prepared = True
 
     def add(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Write rows to the journal file at once, under the task lock; rows
+        that are only scores wait for a group (or the next write, or `flush`)."""
         if not rows:
+            return
+        self._buffer.extend(rows)
+        if any(row["type"] != "score" for row in rows):
+            self._write()
             return
         if self._first_unsaved is None:
             self._first_unsaved = time.monotonic()
-        self._buffer.extend(rows)
         if len(self._buffer) >= GROUP_ROWS or time.monotonic() - self._first_unsaved >= GROUP_SECONDS:
-            self.flush()
+            self._write()
+
+    def _write(self) -> None:
+        with self.locked():
+            self._prepare()
+            journal.append_durably(self.path, journal.encode(self._buffer))
+        self._buffer.clear()
+        self._first_unsaved = None
 
     def flush(self) -> None:
-        """Commit the buffered rows (one write, one fsync) and catch up."""
+        """Write what is buffered, fsync what this process wrote, and catch up."""
         with self.locked():
             self._prepare()
             if self._buffer:
-                journal.append(self.directory, self.task, self._buffer)
+                journal.append_durably(self.path, journal.encode(self._buffer))
                 self._buffer.clear()
             self._first_unsaved = None
+            journal.sync(self.path)
             self.index.refresh()
 
     def request_rows(self, rq: str, content: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -184,10 +214,92 @@ def _header_run(path: Path) -> str | None:
             first = fh.readline()
     except OSError:
         return None
-    import orjson
-
     try:
         row = orjson.loads(first)
     except orjson.JSONDecodeError:
         return None
     return row.get("run") if isinstance(row, dict) else None
+
+
+# -- compaction -------------------------------------------------------------------------
+
+
+def superseded(index: JournalIndex, run: str) -> int:
+    """How many generations and failures of earlier runs a newer one of the
+    same item, request and provider supersedes: what a compaction drops. The
+    rows of `run` itself are left out, so once this run has written, its
+    xdist peers find nothing to compact."""
+    n = 0
+    for refs in (*index.gens.values(), *index.fails.values()):
+        older = [(r.request, r.provider) for r in refs if r.run != run]
+        n += len(older) - len(set(older))
+    return n
+
+
+def kept_lines(rows: Sequence[dict[str, Any] | None]) -> list[int]:
+    """The positions of the rows a compaction keeps, in order: per item, the
+    newest generation and the newest failure of each request and provider;
+    the newest scores of each kept generation; the first request and provider
+    row of each digest they name; the first seed record, each stage's newest
+    plan and the newest matching `complete` after it. The order is kept, so
+    every newest-wins rule of `JournalIndex` and `StageLog` reads the same.
+    The header (`None` rows too) is dropped: the caller writes a new one."""
+    keep: set[int] = set()
+    gens: set[tuple[Any, ...]] = set()
+    fails: set[tuple[Any, ...]] = set()
+    runs: dict[tuple[Any, ...], set[str]] = {}
+    scores: dict[tuple[Any, ...], int] = {}
+    named: set[tuple[str, str]] = set()
+    first: dict[tuple[str, str], int] = {}
+    for i in range(len(rows) - 1, -1, -1):  # newest first
+        row = rows[i]
+        kind = row.get("type") if row is not None else None
+        if kind == "gen":
+            key = (row["stage"], row["instance_id"], row["rollout"])
+            if (key, row["request"], row["provider"]) not in gens:
+                gens.add((key, row["request"], row["provider"]))
+                runs.setdefault(key, set()).add(row["run"])
+                keep.add(i)
+        elif kind == "fail":
+            rq, pv = row["request"], row["provider"]
+            cells = {((row["stage"], row["instance_id"], r), rq, pv) for r in row["rollouts"]}
+            if cells - fails:
+                fails |= cells
+                keep.add(i)
+        elif kind == "score":
+            scores.setdefault(((row["stage"], row["instance_id"], row["rollout"]), row["of"]), i)
+        elif kind in ("request", "provider"):
+            first[(kind, row["digest"])] = i
+        if i in keep:
+            named |= {("request", row["request"]), ("provider", row["provider"])}
+    keep.update(i for (key, of), i in scores.items() if of in runs.get(key, ()))
+    keep.update(i for name, i in first.items() if name in named)
+    keep.update(_stage_lines(rows))
+    return sorted(keep)
+
+
+def _stage_lines(rows: Sequence[dict[str, Any] | None]) -> list[int]:
+    seed: int | None = None
+    planned: dict[Any, tuple[int, Any]] = {}  # stage -> (position, fingerprint)
+    complete: dict[Any, int] = {}
+    for i, row in enumerate(rows):
+        if row is None or row.get("type") != "stage":
+            continue
+        kind, stage = row.get("kind"), row.get("stage")
+        if kind == "seed" and seed is None:
+            seed = i
+        elif kind == "planned":
+            planned[stage] = (i, row.get("fingerprint"))
+            complete.pop(stage, None)
+        elif kind == "complete" and stage in planned and planned[stage][1] == row.get("fingerprint"):
+            complete[stage] = i
+    return [i for i in (seed, *(i for i, _ in planned.values()), *complete.values()) if i is not None]
+
+
+def compact_journal(path: Path, task: str, run: str) -> None:
+    """Rewrite a journal keeping `kept_lines` under a header naming `run`,
+    atomically (the caller holds the task lock; a torn last line goes too)."""
+    lines = read_bytes(path).split(b"\n")[:-1]
+    keep = kept_lines([orjson.loads(line) if line.strip() else None for line in lines])
+    header = journal.encode([journal.header_row(task, run)])
+    atomic_write(path, itertools.chain([header], (lines[i] + b"\n" for i in keep)))

@@ -32,16 +32,22 @@ def open_recorder(
     ctx: RunContext, name: str, plan: TaskPlan, narrowed: bool, directory: Path
 ) -> tuple[TaskRecorder, JournalIndex | None]:
     """The task's recorder, and its journal as the session found it (None
-    when this run starts the journal afresh: not resuming, not narrowed)."""
-    reset = ctx.settings.reset or (not ctx.resuming and not narrowed)
-    recorder = TaskRecorder(directory, name, ctx.run_id, reset, ctx.snapshot.get(name))
+    when `--evalreplay-reset` starts it afresh). No other run discards a
+    result: one without --resume reuses nothing (`planning.decide`) and
+    appends its generations after the older ones, compacting the journal
+    once before its first write (`recorder.compact_journal`)."""
+    reset = ctx.settings.reset
+    recorder = TaskRecorder(
+        directory, name, ctx.run_id, reset, ctx.snapshot.get(name), compact=not ctx.resuming
+    )
     if reset:
         return recorder, None
     index = recorder.read_snapshot()
     if index.torn is not None:
         ctx.note(f"{index.path}:{index.torn}: ignored a torn last line (a run died mid-write)")
-    for line in planning.foreign_rows(plan, index):
-        ctx.note(line)
+    if ctx.resuming or narrowed:  # a full run without --resume reads no old row
+        for line in planning.foreign_rows(plan, index):
+            ctx.note(line)
     return recorder, index
 
 
