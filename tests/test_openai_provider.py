@@ -320,7 +320,8 @@ def test_retry_after_sets_the_wait_within_the_cap(stub: StubServer, monkeypatch:
 
 def test_backoff_doubles_with_jitter(stub: StubServer, monkeypatch: pytest.MonkeyPatch) -> None:
     stub.script = [Fail(503)] * 4
-    with make(stub, retries=4, backoff=1.0, max_backoff=3.0, failures_to_cool=10) as provider:
+    slow = {"backoff": 1.0, "max_backoff": 3.0, "failures_to_cool": 10, "give_up_failures": 10}
+    with make(stub, retries=4, **slow) as provider:
         waits: list[float] = []
         monkeypatch.setattr(provider, "_pause", lambda run, seconds: waits.append(seconds) or False)
         (result,) = provider.generate([req("x")])
@@ -377,7 +378,7 @@ def test_dropped_connection_is_retried(stub: StubServer) -> None:
     assert error.retryable and "connection error" in error.message
 
 
-def test_malformed_200_is_terminal(stub: StubServer) -> None:
+def test_malformed_200_is_retried_once_then_terminal(stub: StubServer) -> None:
     class Garbage(Action):
         def __call__(self, handler: Any, body: dict[str, Any]) -> None:
             handler.reply(200, {"unexpected": True})
@@ -385,7 +386,12 @@ def test_malformed_200_is_terminal(stub: StubServer) -> None:
     stub.script = [Garbage()]
     with make(stub) as provider:
         (result,) = provider.generate([req("x")])
+    assert len(ok(result)) == 1 and stub.received == 2
+    stub.script = [Garbage(), Garbage()]
+    with make(stub) as provider:
+        (result,) = provider.generate([req("x")])
     assert not failed(result).retryable and "malformed" in failed(result).message
+    assert "after 2 attempts" in failed(result).message and stub.received == 4
 
 
 def test_api_key_from_env_as_bearer(stub: StubServer, monkeypatch: pytest.MonkeyPatch) -> None:

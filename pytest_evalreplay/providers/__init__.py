@@ -119,9 +119,13 @@ class ProviderHost:
         return self.settings.model
 
     def close(self) -> None:
-        """Close the provider once; a `close()` that raises becomes a note, not a traceback."""
+        """Close the provider once; a `close()` that raises becomes a note, not a traceback.
+        A provider's `notes` (strings: a check it skipped, why it gave up) join the host's."""
         provider, self._provider = self._provider, None
         self._closed = True
+        notes = getattr(provider, "notes", None)
+        if isinstance(notes, (list, tuple)):
+            self.notes.extend(n for n in notes if isinstance(n, str) and n not in self.notes)
         close = getattr(provider, "close", None)
         if callable(close):
             try:

@@ -19,6 +19,11 @@ carries the server's message. A server that fails (connection error, timeout,
 doubles while it keeps failing; afterwards one call at a time probes it until
 one succeeds.
 
+A 200 that holds no answer (no choices, a wrong count or index, a missing or
+null text) is tried once more, then final. When every server keeps failing
+the provider gives up on the session (`openai_breaker`): the calls still to
+come fail at once, saying why in one line.
+
 Time: `timeout` bounds each HTTP attempt, from connecting to the last byte of
 the answer (a server that accepts and never answers, or trickles bytes, is cut
 off there), and one call with all its retries and waits is bounded by
@@ -32,7 +37,6 @@ line, in the manifest, the journal or any error message.
 
 from __future__ import annotations
 
-import http.client
 import os
 import queue
 import random
@@ -41,24 +45,27 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-import orjson
-
 from pytest_evalreplay.model import (
     EvalReplayError,
     GenerateResult,
-    Generation,
     GenerationError,
     Request,
 )
 from pytest_evalreplay.providers.engine_requests import unsupported
-from pytest_evalreplay.providers.openai_balancer import Balancer, Server, parse_server
-from pytest_evalreplay.providers.openai_watchdog import Connections, Run, Watch, Watchdog, connect_to, post
+from pytest_evalreplay.providers.openai_balancer import Balancer, Server, parse_server, redact_url
+from pytest_evalreplay.providers.openai_breaker import GIVE_UP_AFTER, GIVE_UP_FAILURES, Breaker
+from pytest_evalreplay.providers.openai_watchdog import Connections, Run, Watchdog, get_models, post
 from pytest_evalreplay.providers.openai_wire import (
     CHAT_PATH,
     RETRY_STATUS,
     CallFailure,
+    Malformed,
+    ModelCheck,
+    Outcome,
     Response,
     RetryAfter,
+    combine_draws,
+    draw_outcome,
     parse_generations,
     payload,
     plan_body,
@@ -99,15 +106,22 @@ def from_settings(settings: Settings) -> OpenAIProvider:
     return provider
 
 
+def describe(settings: Settings) -> str:
+    """The limits a session's openai provider runs under, without building it."""
+    timeout = settings.timeout if settings.timeout is not None else DEFAULT_TIMEOUT
+    return (
+        f"openai: {timeout:g} s per attempt, 4 retries per call; gives up when every server has failed "
+        f"{GIVE_UP_FAILURES} times in a row, at once if no request has succeeded yet, "
+        f"else after {GIVE_UP_AFTER:g} s without a success"
+    )
+
+
 def api_key_from_env() -> str | None:
     for name in API_KEY_ENV:
         value = os.environ.get(name)
         if value:
             return value
     return None
-
-
-_Outcome = list[Generation] | CallFailure | None  # None: cancelled
 
 
 class OpenAIProvider:
@@ -119,6 +133,9 @@ class OpenAIProvider:
     most `max_backoff`, or what a Retry-After header asks within the same cap)
     before retry k. `failures_to_cool`, `cool_down`, `max_cool_down`: when a
     server is taken out and for how long (doubling from `cool_down`).
+    `give_up_failures`, `give_up_after`: when it gives up on every server
+    (see `openai_breaker.Breaker`). `notes`: what the session should print
+    at its end (a skipped model check, giving up).
     """
 
     kind = "openai"
@@ -138,6 +155,8 @@ class OpenAIProvider:
         failures_to_cool: int = 3,
         cool_down: float = 2.0,
         max_cool_down: float = 60.0,
+        give_up_failures: int = GIVE_UP_FAILURES,
+        give_up_after: float = GIVE_UP_AFTER,
     ) -> None:
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
@@ -152,8 +171,10 @@ class OpenAIProvider:
             raise EvalReplayError(f"concurrency must be >= 1, got {concurrency}")
         if timeout is not None and not 0 < timeout < float("inf"):
             raise EvalReplayError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-        if retries < 0 or failures_to_cool < 1:
-            raise EvalReplayError("retries must be >= 0 and failures_to_cool >= 1")
+        if retries < 0 or failures_to_cool < 1 or give_up_failures < 1 or not give_up_after >= 0:
+            raise EvalReplayError(
+                "retries and give_up_after must be >= 0, failures_to_cool and give_up_failures >= 1"
+            )
         self.model = model
         self.servers = tuple(servers)
         self.base_urls = tuple(s.url for s in servers)
@@ -166,6 +187,9 @@ class OpenAIProvider:
         self.max_backoff = max_backoff
         self._api_key = api_key if api_key is not None else api_key_from_env()
         self._balancer = Balancer(len(servers), failures_to_cool, cool_down, max_cool_down)
+        self._breaker = Breaker(len(servers), give_up_failures, give_up_after)
+        self._gave_up: str | None = None  # the breaker's message, once it opened
+        self.notes: list[str] = []
         self._cond = threading.Condition()  # guards the balancer; wakes calls waiting for a server
         self._last_error = CallFailure("none recorded", retryable=True)  # the latest server fault
         self._lock = threading.Lock()
@@ -214,11 +238,11 @@ class OpenAIProvider:
             if self._checked:
                 return
             if len(self.servers) == 1:
-                problems = [self._probe(self.servers[0])]
+                checks = [self._probe(self.servers[0])]
             else:
                 with ThreadPoolExecutor(min(len(self.servers), 16)) as pool:
-                    problems = list(pool.map(self._probe, self.servers))
-            found = [p for p in problems if p is not None]
+                    checks = list(pool.map(self._probe, self.servers))
+            found = [redact_url(c.problem) for c in checks if c.problem is not None]
             if found:
                 what = (
                     "its server"
@@ -231,43 +255,11 @@ class OpenAIProvider:
                     "Every --evalreplay-base-url must be running and serve the model under the name "
                     "--evalreplay-model gives (vLLM: --served-model-name)."
                 )
+            self.notes.extend(redact_url(c.note) for c in checks if c.note is not None)
             self._checked = True
 
-    def _probe(self, server: Server) -> str | None:
-        """None if `server` serves the model, else what is wrong."""
-        limit = CHECK_TIMEOUT
-        conn = connect_to(server, limit)
-        watch = Watch(None, time.monotonic() + limit)
-        try:
-            conn.connect()
-            watch.sock = conn.sock
-            self._watchdog.add(watch)
-            conn.request("GET", f"{server.prefix}/models", headers=self._headers())
-            resp = conn.getresponse()
-            raw = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            if watch.finish() == "timeout" or isinstance(exc, TimeoutError):
-                return f"{server.url}: no answer to GET {server.prefix}/models within {limit:g} s"
-            return (
-                f"{server.url}: unreachable ({type(exc).__name__}: {exc}); "
-                "is the server running, and is the URL right?"
-            )
-        finally:
-            watch.finish()
-            conn.close()
-        if resp.status != 200:
-            hint = " (check $EVALREPLAY_API_KEY or $OPENAI_API_KEY)" if resp.status in (401, 403) else ""
-            message = server_message(raw)
-            return f"{server.url}: GET {server.prefix}/models answered HTTP {resp.status}: {message}{hint}"
-        try:
-            data = orjson.loads(raw)["data"]
-            names = [str(m["id"]) for m in data]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            return f"{server.url}: GET {server.prefix}/models gave no model list: {raw[:200]!r}"
-        if self.model in names:
-            return None
-        served = ", ".join(repr(n) for n in names) if names else "no model"
-        return f"{server.url}: serves {served}, not {self.model!r}"
+    def _probe(self, server: Server) -> ModelCheck:
+        return get_models(server, self._watchdog, self._headers(), self.model, CHECK_TIMEOUT)
 
     # -- batches -----------------------------------------------------------------------------
 
@@ -282,11 +274,11 @@ class OpenAIProvider:
         if requests:
             self.check_servers()
         run = Run()
-        finished: queue.SimpleQueue[tuple[int, int, Future[_Outcome]]] = queue.SimpleQueue()
+        finished: queue.SimpleQueue[tuple[int, int, Future[Outcome]]] = queue.SimpleQueue()
         ready: list[tuple[int, GenerateResult]] = []
-        parts: dict[int, list[_Outcome]] = {}
+        parts: dict[int, list[Outcome]] = {}
         left: dict[int, int] = {}
-        futures: list[Future[_Outcome]] = []
+        futures: list[Future[Outcome]] = []
         with self._lock:
             self._runs.add(run)
         complete = False
@@ -312,10 +304,10 @@ class OpenAIProvider:
             yield from ready
             for _ in range(len(futures)):
                 i, k, future = finished.get()
-                parts[i][k] = _outcome(future)
+                parts[i][k] = draw_outcome(future)
                 left[i] -= 1
                 if not left[i]:
-                    yield i, _combine(parts.pop(i))
+                    yield i, combine_draws(parts.pop(i))
             complete = True
         finally:
             with self._lock:
@@ -323,7 +315,7 @@ class OpenAIProvider:
             if not complete:
                 self._cancel(run, futures)
 
-    def _cancel(self, run: Run, futures: list[Future[_Outcome]]) -> None:
+    def _cancel(self, run: Run, futures: list[Future[Outcome]]) -> None:
         """Stop a stream's calls: queued ones never start, those in flight are
         aborted (their sockets shut down), waiting ones wake up."""
         run.cancel()
@@ -343,7 +335,7 @@ class OpenAIProvider:
 
     # -- one HTTP call, retried ------------------------------------------------------------
 
-    def _call(self, run: Run, path: str, data: bytes, n: int, chat: bool) -> _Outcome:
+    def _call(self, run: Run, path: str, data: bytes, n: int, chat: bool) -> Outcome:
         """One draw's HTTP call with its retries, on whichever servers are up."""
         start = time.monotonic()
         budget = None if self.timeout is None else (self.retries + 1) * self.timeout
@@ -352,6 +344,7 @@ class OpenAIProvider:
         failed_on: set[int] = set()
         attempts = 0
         out_of_time = False
+        malformed = False  # a 200 without an answer came back already
         for attempt in range(self.retries + 1):
             if attempt:
                 assert failure is not None
@@ -379,7 +372,14 @@ class OpenAIProvider:
                     continue
                 healthy = outcome.status < 500
                 if outcome.status == 200:
-                    return parse_generations(outcome.body, n, chat)
+                    parsed = parse_generations(outcome.body, n, chat)
+                    if not isinstance(parsed, Malformed) or malformed or attempt == self.retries:
+                        if isinstance(parsed, Malformed) and attempts > 1:
+                            return CallFailure(f"{parsed.message} (after {attempts} attempts)", False)
+                        return parsed
+                    malformed, failure = True, parsed
+                    failed_on.add(got)
+                    continue
                 where = f"{self.servers[got].url}{path}"
                 message = f"HTTP {outcome.status} from {where}: {server_message(outcome.body)}"
                 retryable = outcome.status >= 500 or outcome.status in RETRY_STATUS
@@ -405,8 +405,12 @@ class OpenAIProvider:
         return CallFailure(f"{failure.message} (after {tries})", retryable=True)
 
     def _pause(self, run: Run, seconds: float) -> bool:
-        """Wait between attempts; True if the stream was cancelled meanwhile."""
-        return run.cancelled.wait(seconds) if seconds > 0 else run.cancelled.is_set()
+        """Wait between attempts (cut short when the provider gives up); True
+        if the stream was cancelled meanwhile."""
+        if seconds > 0:
+            with self._cond:
+                self._cond.wait_for(lambda: run.cancelled.is_set() or self._gave_up is not None, seconds)
+        return run.cancelled.is_set()
 
     def _delay(self, attempt: int, failure: CallFailure) -> float:
         if isinstance(failure, RetryAfter):
@@ -424,6 +428,8 @@ class OpenAIProvider:
                 if run.cancelled.is_set():
                     return None
                 now = time.monotonic()
+                if self._gave_up is not None:
+                    return CallFailure(self._gave_up, retryable=True)
                 index = self._balancer.choose(now, avoid)
                 if index is not None:
                     return index
@@ -441,9 +447,18 @@ class OpenAIProvider:
 
     def _release(self, index: int, healthy: bool | None, failure: CallFailure | None) -> None:
         with self._cond:
-            self._balancer.done(index, time.monotonic(), healthy)
+            now = time.monotonic()
+            self._balancer.done(index, now, healthy)
             if healthy is False and failure is not None:
                 self._last_error = failure
+            self._breaker.record(index, now, healthy)
+            why = self._breaker.reason(now)
+            if why is not None and self._gave_up is None:
+                self._gave_up = (
+                    f"the openai provider gave up: {why} (last error: {self._last_error.message}); "
+                    "the requests left fail without being sent: fix the server, then run again with --resume"
+                )
+                self.notes.append(self._gave_up)
             self._cond.notify_all()
 
     def _headers(self) -> dict[str, str]:
@@ -473,24 +488,3 @@ class OpenAIProvider:
         return post(
             self._connections, self._watchdog, run, index, path, data, self._headers(), deadline, timed_out
         )
-
-
-def _outcome(future: Future[_Outcome]) -> _Outcome:
-    if future.cancelled():
-        return None
-    exc = future.exception()
-    if exc is not None:  # a bug in one call fails its request only
-        return CallFailure(f"openai provider: {type(exc).__name__}: {exc}", retryable=False)
-    return future.result()
-
-
-def _combine(outcomes: list[_Outcome]) -> GenerateResult:
-    """A request's result from its draws, in draw order: the first failure, or all generations."""
-    gens: list[Generation] = []
-    for outcome in outcomes:
-        if outcome is None:
-            return GenerationError("cancelled: the openai provider was closed", retryable=True)
-        if isinstance(outcome, CallFailure):
-            return GenerationError(outcome.message, retryable=outcome.retryable)
-        gens.extend(outcome)
-    return gens

@@ -8,15 +8,37 @@ without a network or a clock; the provider holds the lock and the time.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pytest_evalreplay.model import EvalReplayError
 
+# `scheme://user:password@` or `scheme://user@` (also inside a longer text).
+_USERINFO = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://|^|\s)(?P<user>[^\s/@:]*)(?P<password>:[^\s/@]*)?@"
+)
+
+
+def redact_url(text: str) -> str:
+    """`text` with the credentials of each URL in it hidden: `user:password@`
+    becomes `user:***@`, and a URL's bare `user@` (often a token) `***@`
+    (an e-mail address outside a URL stays). Every message the openai
+    provider writes goes through this."""
+
+    def hide(m: re.Match[str]) -> str:
+        if m["password"] is not None:
+            return f"{m['scheme']}{m['user']}:***@"
+        return f"{m['scheme']}***@" if "://" in m["scheme"] else m[0]
+
+    return _USERINFO.sub(hide, text)
+
 
 @dataclass(frozen=True)
 class Server:
-    """One server's address; `url` is its normalized base URL."""
+    """One server's address; `url` is its normalized base URL, credentials
+    hidden (`user:***@`): it names the server in every message. The
+    credentials are not sent (the key goes in a Bearer header)."""
 
     url: str
     scheme: str
@@ -30,14 +52,16 @@ def parse_server(base_url: str) -> Server:
     parts = urlsplit(base_url.strip().rstrip("/"))
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise EvalReplayError(
-            f"--evalreplay-base-url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}"
+            "--evalreplay-base-url must be an http(s) URL such as http://127.0.0.1:8000/v1, "
+            f"got {redact_url(base_url)!r}"
         )
     try:
         port = parts.port
     except ValueError:
-        raise EvalReplayError(f"--evalreplay-base-url {base_url!r} has an invalid port") from None
+        raise EvalReplayError(f"--evalreplay-base-url {redact_url(base_url)!r} has an invalid port") from None
     prefix = parts.path or "/v1"
-    return Server(f"{parts.scheme}://{parts.netloc}{prefix}", parts.scheme, parts.hostname, port, prefix)
+    url = redact_url(f"{parts.scheme}://{parts.netloc}{prefix}")
+    return Server(url, parts.scheme, parts.hostname, port, prefix)
 
 
 @dataclass

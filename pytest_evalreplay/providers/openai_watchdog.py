@@ -5,7 +5,7 @@ byte), and a blocked `recv` does not notice a cancelled stream. Here each
 attempt in flight is a `Watch` on its socket; `Watchdog` aborts it at its
 deadline and `Run` aborts a stream's attempts when the stream is closed, both
 by shutting the socket down. `post` is one attempt on this thread's kept-alive
-connection (`Connections`) under those rules.
+connection (`Connections`) under those rules; `get_models` the start-up check.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from pytest_evalreplay.providers.openai_balancer import Server
-from pytest_evalreplay.providers.openai_wire import CallFailure, Response
+from pytest_evalreplay.providers.openai_wire import CallFailure, ModelCheck, Response, check_model_list
 
 # What a server closing an idle keep-alive connection looks like.
 STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
@@ -242,3 +242,30 @@ def post(
             conns.drop(index)
         return Response(resp.status, got, raw)
     raise AssertionError("unreachable")
+
+
+def get_models(
+    server: Server, watchdog: Watchdog, headers: Mapping[str, str], model: str, limit: float
+) -> ModelCheck:
+    """GET <base>/models on a fresh connection, cut off after `limit` s: whether
+    `server` serves `model` (see `check_model_list`), or why it cannot be used."""
+    conn = connect_to(server, limit)
+    watch = Watch(None, time.monotonic() + limit)
+    try:
+        conn.connect()
+        watch.sock = conn.sock
+        watchdog.add(watch)
+        conn.request("GET", f"{server.prefix}/models", headers=dict(headers))
+        resp = conn.getresponse()
+        raw = resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        if watch.finish() == "timeout" or isinstance(exc, TimeoutError):
+            return ModelCheck(f"{server.url}: no answer to GET {server.prefix}/models within {limit:g} s")
+        return ModelCheck(
+            f"{server.url}: unreachable ({type(exc).__name__}: {exc}); "
+            "is the server running, and is the URL right?"
+        )
+    finally:
+        watch.finish()
+        conn.close()
+    return check_model_list(server.url, server.prefix, resp.status, raw, model)

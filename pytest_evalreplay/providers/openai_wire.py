@@ -8,12 +8,13 @@ are read can be tested, and changed, apart from retries and time limits.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from pytest_evalreplay.model import Generation, Request
+from pytest_evalreplay.model import GenerateResult, Generation, GenerationError, Request
 from pytest_evalreplay.providers.engine_requests import (
     GREEDY_EPS,
     Draw,
@@ -22,6 +23,7 @@ from pytest_evalreplay.providers.engine_requests import (
     plan_draws,
     text_prompt,
 )
+from pytest_evalreplay.providers.openai_balancer import redact_url
 
 CHAT_PATH = "/chat/completions"
 TEXT_PATH = "/completions"
@@ -118,45 +120,157 @@ def _choice_tokens(choice: Mapping[str, Any]) -> int | None:
     return own if own is not None else choice.get("completion_tokens")
 
 
+def _choice_text(choice: Mapping[str, Any], chat: bool) -> tuple[str, dict[str, Any]] | str:
+    """A choice's answer and metadata, or what is missing. `""` is an answer
+    (the model stopped at once); a missing or null one is not: saved as `""`
+    it would be scored as a wrong answer instead of failing. A chat message
+    with reasoning but no content is a reasoning model that spent its tokens
+    thinking: its answer is `""`, the reasoning kept in the metadata."""
+    if not chat:
+        text = choice.get("text")
+        return (text, {}) if isinstance(text, str) else f"no 'text' (got {described(text)})"
+    message = choice.get("message")
+    message = message if isinstance(message, dict) else {}
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    metadata = {"reasoning": reasoning} if isinstance(reasoning, str) and reasoning else {}
+    content = message.get("content")
+    if isinstance(content, str):
+        return content, metadata
+    if content is None and metadata:
+        return "", metadata
+    return f"no 'message.content' (got {described(content)})"
+
+
+def described(value: Any) -> str:
+    """A value from a server's answer, shortened, for a message."""
+    if value is None:
+        return "nothing"
+    return f"{type(value).__name__} {orjson.dumps(value, default=str).decode()[:60]}"
+
+
+def _ordered(choices: Any, n: int) -> list[Mapping[str, Any]] | str:
+    """The choices by index, or what is wrong: n of them, indices 0..n-1 each once."""
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        return f"'choices' is not a list of objects: {described(choices)}"
+    if len(choices) != n:
+        return f"the server returned {len(choices)} choices where {n} were asked for"
+    indices = [c.get("index", 0 if n == 1 else None) for c in choices]
+    if sorted(i for i in indices if type(i) is int) != list(range(n)):
+        shown = "[" + ", ".join(repr(i) for i in indices) + "]"
+        return f"the choices' indices {shown} are not 0..{n - 1} each once"
+    return sorted(choices, key=lambda c: c.get("index", 0))
+
+
+@dataclass(frozen=True)
+class Malformed(CallFailure):
+    """A 200 that holds no usable answer: worth one more attempt (a proxy or
+    server glitch), final on the second (a server that answers this request
+    that way every time)."""
+
+
 def parse_generations(raw: bytes, n: int, chat: bool) -> list[Generation] | CallFailure:
-    """Generations from a 200 body, in choice order.
+    """Generations from a 200 body, in choice order; `Malformed` when the
+    body, the choices (n of them, indices 0..n-1 each once) or an answer is
+    missing or of the wrong type.
 
     Token counts: every choice shares the prompt, so each gets
     usage.prompt_tokens; completion tokens come per choice where the server
     gives them (a choice-level `usage` or `completion_tokens`), else
     usage.completion_tokens split evenly (rounded; exact when n is 1).
     """
+    snippet = raw[:200].decode("utf-8", "replace")
     try:
         data = orjson.loads(raw)
-        choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
-        usage = data.get("usage") or {}
-    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
-        snippet = raw[:200].decode("utf-8", "replace")
-        return CallFailure(f"malformed response from the server: {snippet!r}", retryable=False)
-    if len(choices) != n:
-        return CallFailure(f"the server returned {len(choices)} choices where {n} were asked for", False)
+    except orjson.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict) or "choices" not in data:
+        return Malformed(f"malformed response from the server: {snippet!r}", retryable=False)
+    choices = _ordered(data["choices"], n)
+    if isinstance(choices, str):
+        return Malformed(f"malformed response from the server: {choices}", retryable=False)
+    usage = data.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
     prompt_tokens = usage.get("prompt_tokens")
     total = usage.get("completion_tokens")
     share = int(total / n + 0.5) if isinstance(total, (int, float)) else None
     gens = []
     for c in choices:
-        metadata: dict[str, Any] = {}
-        if chat:
-            message = c.get("message") or {}
-            text = message.get("content") or ""
-            reasoning = message.get("reasoning_content") or message.get("reasoning")
-            if reasoning:
-                metadata["reasoning"] = reasoning
-        else:
-            text = c.get("text") or ""
+        answer = _choice_text(c, chat)
+        if isinstance(answer, str):
+            where = f"choice {c.get('index', 0)}" if n > 1 else "its choice"
+            return Malformed(f"the server's 200 answer holds no answer: {where} has {answer}", False)
+        text, metadata = answer
         own = _choice_tokens(c)
         gens.append(
             Generation(
                 text=text,
-                finish_reason=c.get("finish_reason"),
+                finish_reason=c.get("finish_reason") if isinstance(c.get("finish_reason"), str) else None,
                 prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
                 completion_tokens=own if isinstance(own, int) else share,
                 metadata=metadata,
             )
         )
+    return gens
+
+
+# GET /models statuses of a server that does not implement the list (some
+# OpenAI-compatible proxies): the model check is skipped, not failed.
+NO_MODEL_LIST = frozenset({404, 405, 501})
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """One server's answer to GET /models: `problem` refuses the server,
+    `note` says the check could not be done (the run goes on)."""
+
+    problem: str | None = None
+    note: str | None = None
+
+
+def check_model_list(url: str, prefix: str, status: int, raw: bytes, model: str) -> ModelCheck:
+    """Whether the model list server `url` answered serves `model`."""
+    get = f"{url}: GET {prefix}/models"
+    if status in NO_MODEL_LIST:
+        return ModelCheck(
+            note=f"{get} answered HTTP {status} ({server_message(raw)[:100]}): the model check was skipped, "
+            f"so {model!r} is not known to be served there; if that URL's path is wrong, every request "
+            "fails with an HTTP 4xx naming it"
+        )
+    if status != 200:
+        hint = " (check $EVALREPLAY_API_KEY or $OPENAI_API_KEY)" if status in (401, 403) else ""
+        return ModelCheck(f"{get} answered HTTP {status}: {server_message(raw)}{hint}")
+    try:
+        names = [str(m["id"]) for m in orjson.loads(raw)["data"]]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return ModelCheck(f"{get} gave no model list: {raw[:200]!r}")
+    if model in names:
+        return ModelCheck()
+    served = ", ".join(repr(n) for n in names) if names else "no model"
+    return ModelCheck(f"{url}: serves {served}, not {model!r}")
+
+
+# One draw's outcome: its generations, why it failed, or None (cancelled).
+Outcome = list[Generation] | CallFailure | None
+
+
+def draw_outcome(future: Future[Outcome]) -> Outcome:
+    """A finished draw's outcome; a bug in one call fails its request only."""
+    if future.cancelled():
+        return None
+    exc = future.exception()
+    if exc is not None:
+        return CallFailure(f"openai provider: {type(exc).__name__}: {exc}", retryable=False)
+    return future.result()
+
+
+def combine_draws(outcomes: list[Outcome]) -> GenerateResult:
+    """A request's result from its draws, in draw order: the first failure
+    (credentials in any URL hidden), or all generations."""
+    gens: list[Generation] = []
+    for outcome in outcomes:
+        if outcome is None:
+            return GenerationError("cancelled: the openai provider was closed", retryable=True)
+        if isinstance(outcome, CallFailure):
+            return GenerationError(redact_url(outcome.message), retryable=outcome.retryable)
+        gens.extend(outcome)
     return gens
