@@ -78,6 +78,7 @@ API_KEY_ENV = ("EVALREPLAY_API_KEY", "OPENAI_API_KEY")
 
 # Per-attempt limit when --evalreplay-timeout is not given.
 DEFAULT_TIMEOUT = 600.0
+DEFAULT_RETRIES = 4
 # The start-up check (GET /models) waits at most this long per server, whatever
 # the per-request timeout: it runs once, and a loaded server may be slow to answer.
 CHECK_TIMEOUT = 30.0
@@ -110,8 +111,8 @@ def describe(settings: Settings) -> str:
     """The limits a session's openai provider runs under, without building it."""
     timeout = settings.timeout if settings.timeout is not None else DEFAULT_TIMEOUT
     return (
-        f"openai: {timeout:g} s per attempt, 4 retries per call; gives up when every server has failed "
-        f"{GIVE_UP_FAILURES} times in a row, at once if no request has succeeded yet, "
+        f"openai: {timeout:g} s per attempt, {DEFAULT_RETRIES} retries per call; gives up when every "
+        f"server has failed {GIVE_UP_FAILURES} times in a row, at once if no request has succeeded yet, "
         f"else after {GIVE_UP_AFTER:g} s without a success"
     )
 
@@ -147,7 +148,7 @@ class OpenAIProvider:
         model: str,
         concurrency: int = DEFAULT_CONCURRENCY,
         timeout: float | None = DEFAULT_TIMEOUT,
-        retries: int = 4,
+        retries: int = DEFAULT_RETRIES,
         backoff: float = 1.0,
         max_backoff: float = 30.0,
         api_key: str | None = None,
