@@ -262,6 +262,7 @@ def test_an_always_failing_server_ends_a_run_within_seconds(pytester: pytest.Pyt
     assert result.ret == 1, out
     assert elapsed < 30.0, out
     assert "gave up" in out and "HTTP 500" in out
+    assert "note: the openai provider gave up" in out  # the reason once, in the summary
 
 
 def test_the_default_give_up_rule_is_visible() -> None:
