@@ -99,7 +99,12 @@ class Judging:
         if isinstance(self.eval.judge, LlmJudge):
             name = judge_files_name(self.eval.name)
             self.recorder = TaskRecorder(
-                self.directory, name, self.ctx.run_id, self.reset, self.ctx.snapshot.get(name)
+                self.directory,
+                name,
+                self.ctx.run_id,
+                self.reset,
+                self.ctx.snapshot.get(name),
+                compact=not self.ctx.resuming,
             )
             if not self.reset:
                 self.recorder.read_snapshot()

@@ -126,6 +126,7 @@ class EloRun(Rollouts):
             judging=Judging(ctx, eval_, directory, reset=index is None),
             lines=lines,
         )
+        run.note_unfinished(index)
         return run
 
     @property
@@ -146,7 +147,7 @@ class EloRun(Rollouts):
         )
 
     def status(self) -> Sequence[str]:
-        return self.lines
+        return [*self.lines, self.unfinished] if self.unfinished else self.lines
 
     def stage_keys(self, stage: int) -> list[RolloutKey]:
         n = self.elo.num_samples
@@ -366,8 +367,10 @@ def _replan_from(
     replan_from = total + 1
     why: str | None = None
     if ctx.settings.resume_stage is not None:
-        first = ctx.settings.resume_stage or min(stage_of_first_incomplete(log, fingerprints), total)
-        if first > total:
+        first = ctx.settings.resume_stage or stage_of_first_incomplete(log, fingerprints)
+        if first > total and not ctx.settings.resume_stage:
+            lines.append(f"{name}: every stage is complete: --resume-stage has nothing to run again")
+        elif first > total:
             raise EvalReplayError(f"--resume-stage={first}: {name!r} has only {total} stages")
         check_kept_stages(name, log, fingerprints, configs, first)
         replan_from, why = first, f"--resume-stage={first}"

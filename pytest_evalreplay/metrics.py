@@ -178,8 +178,8 @@ def task_outcome(
             intervals[name] = None
     generated = reused = 0
     tok_gen, tok_reused = Tokens(), Tokens()
-    for item in items:
-        if item.gen is None or item.status != "ok":
+    for item in items:  # what was generated, scored or not (a run stopped mid-way saved it all)
+        if item.gen is None:
             continue
         if item.gen.run == run:
             generated += 1

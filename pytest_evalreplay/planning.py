@@ -97,12 +97,10 @@ def resumable(plan: TaskPlan, selected: Iterable[RolloutKey], index: JournalInde
 
 
 def resumable_line(task: str, count: int) -> str | None:
-    """The header line for `resumable`'s count (None when there is nothing to say)."""
+    """The collection line for `resumable`'s count (None when there is nothing to say)."""
     if not count:
         return None
-    return (
-        f"evalreplay: {task}: the output dir holds an unfinished run: --resume would reuse {count:,} results"
-    )
+    return f"{task}: the output dir holds an unfinished run: --resume would reuse {count:,} results"
 
 
 def foreign_rows(plan: TaskPlan, index: JournalIndex) -> list[str]:

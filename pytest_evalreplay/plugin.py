@@ -202,6 +202,10 @@ class EvalReplayPlugin:
         else:
             mode = "resume" if s.resume else "fresh for what is selected"
         parts.append(f"mode: {mode}")
+        if s.provider == "openai":
+            from pytest_evalreplay.providers import openai
+
+            parts.append(openai.describe(s))
         return ["evalreplay: " + ", ".join(parts)]
 
     # -- collection --------------------------------------------------------------

@@ -67,7 +67,14 @@ class Rollouts(ABC):
     chunk_of: dict[RequestKey, int] = field(default_factory=dict)
     rollouts_of: dict[RequestKey, tuple[int, ...]] = field(default_factory=dict)
     touched: bool = False  # this process ran something of the task: it writes the run dir
+    unfinished: str | None = None  # a plain run's note that --resume would reuse results
     outcome: TaskOutcome | None = None
+
+    def note_unfinished(self, index: JournalIndex | None) -> None:
+        """A plain run over an output dir that holds an unfinished run says what --resume would keep."""
+        if index is not None and not self.ctx.resuming:
+            count = planning.resumable(self.plan, self.selected, index, self.ctx.settings.max_attempts)
+            self.unfinished = planning.resumable_line(self.name, count)
 
     @property
     def instance_order(self) -> list[str]:

@@ -170,8 +170,7 @@ def refuse_self_replay(predictions: Path, output: Path) -> None:
             "into itself would overwrite what it replays. Pass --evalreplay-output=OTHER_DIR; or, to "
             "rescore that run with the current scorers, run with --resume and the provider that made it"
         )
-    saved = pred if pred.is_dir() else pred.parent
-    if saved in out.parents:
+    if pred.is_dir() and pred in out.parents:  # a saved file's neighbours are not the saved run
         raise EvalReplayError(
             f"the output dir {output} is inside the saved run {predictions}: a replay would write into "
             "what it replays. Pass --evalreplay-output=OTHER_DIR outside it"

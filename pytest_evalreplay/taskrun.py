@@ -41,10 +41,12 @@ class TaskRun(Rollouts):
         decisions = planning.decide(
             plan, selected, index, ctx.resuming and index is not None, ctx.settings.max_attempts
         )
-        return cls(ctx, task.name, task, plan, recorder, list(selected), decisions, gate=task.gate)
+        run = cls(ctx, task.name, task, plan, recorder, list(selected), decisions, gate=task.gate)
+        run.note_unfinished(index)
+        return run
 
     def status(self) -> Sequence[str]:
-        return ()
+        return [self.unfinished] if self.unfinished else []
 
     # -- results -------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ class Echo:
             raise RuntimeError("the engine would not stop")
 
 def pytest_evalreplay_make_provider(config, kind):
-    return Echo() if kind == "echo" else None
+    return Echo() if kind == "echo" else (42 if kind == "forty-two" else None)
 """
 
 TASK = """
@@ -95,6 +95,10 @@ CASES: dict[str, Case] = {
         "got 'nan'",
     ),
     "failure budget above 1": Case(("--evalreplay-failure-budget=2",), message="must be a number in [0, 1]"),
+    "provider hook returning no provider": Case(
+        ("--evalreplay-provider=forty-two",),
+        message="the pytest_evalreplay_make_provider hook returned a number 42 for provider kind 'forty-two'",
+    ),
     "concurrency 0": Case(
         ("--evalreplay-concurrency=0",),
         message="--evalreplay-concurrency (ini evalreplay_concurrency) must be a whole number >= 1, got '0'",

@@ -135,6 +135,10 @@ def test_a_plain_run_killed_early_discards_nothing_resume_can_use(tmp_path):
     """Case 2: forgetting --resume once, and killing that run, loses no saved generation."""
     project = Project(tmp_path)
     project.run_killed(stall_at=4, tag="first")
+    shown = project.run("--collect-only", tag="look")
+    assert "evalreplay: t: the output dir holds an unfinished run: --resume would reuse 4 results" in (
+        shown.stdout
+    )
     project.run_killed(stall_at=1, tag="plain")  # no --resume: regenerates q0, then is killed
     saved = {iid for iid, _ in project.gens()}
     assert saved == {"q0", "q1", "q2", "q3"}
@@ -174,7 +178,7 @@ def test_plain_runs_regenerate_everything_and_the_journal_stays_bounded(tmp_path
     assert [text for _, text in project.gens()] == [f"q{i} reset" for i in range(N)]
 
 
-def test_the_header_count_of_what_resume_would_reuse():
+def test_the_header_count_of_what_resume_would_reuse(tmp_path: Path):
     """Case 2: a plain run says when the output dir holds an unfinished run."""
     from pytest_evalreplay import journal, planning
     from pytest_evalreplay.journal import JournalIndex
@@ -188,13 +192,10 @@ def test_the_header_count_of_what_resume_would_reuse():
 
     keys = tuple((1, f"q{i}", 0) for i in range(3))
     plan = planning.TaskPlan("t", keys, {(1, f"q{i}"): "rq" for i in range(3)}, "pv")
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        assert planning.resumable(plan, keys, index_with(Path(tmp), ["q0", "q1"]), 3) == 2
-        assert planning.resumable(plan, keys, index_with(Path(tmp), ["q0", "q1", "q2"]), 3) == 0  # finished
-        assert planning.resumable(plan, keys, index_with(Path(tmp), []), 3) == 0
+    assert planning.resumable(plan, keys, index_with(tmp_path, ["q0", "q1"]), 3) == 2
+    assert planning.resumable(plan, keys, index_with(tmp_path, ["q0", "q1", "q2"]), 3) == 0  # finished
+    assert planning.resumable(plan, keys, index_with(tmp_path, []), 3) == 0
     assert planning.resumable_line("t", 2) == (
-        "evalreplay: t: the output dir holds an unfinished run: --resume would reuse 2 results"
+        "t: the output dir holds an unfinished run: --resume would reuse 2 results"
     )
     assert planning.resumable_line("t", 0) is None

@@ -244,16 +244,18 @@ def test_stages_disambiguate_a_prompt_saved_in_several_stages(tmp_path: Path) ->
     assert [g.text for g in s1] == ["first"] and [g.text for g in s2] == ["second"]
 
 
-def test_a_prompt_saved_by_two_files_is_rejected_naming_both(tmp_path: Path) -> None:
-    one = save(tmp_path, "one", [req("a", "same")], [pred("a", "x")])
-    two = save(tmp_path, "two", [req("q7", "same")], [pred("q7", "x")])
-    with pytest.raises(EvalReplayError) as info:
-        ReplayProvider.from_path(tmp_path)
-    message = str(info.value)
-    assert f"{one}:1" in message and f"{two}:1" in message
-    assert "pass the file instead" in message
+def test_a_prompt_saved_by_two_task_files_serves_each_task_its_own(tmp_path: Path) -> None:
+    """The plugin's own run dir names the task of each file: two tasks may share a prompt."""
+    save(tmp_path, "one", [req("a", "same")], [pred("a", "x")])
+    two = save(tmp_path, "two", [req("q7", "same")], [pred("q7", "y")])
+    provider = ReplayProvider.from_path(tmp_path)
+    (mine,) = provider.generate([req("a", "same", task="one")])
+    (theirs,) = provider.generate([req("q7", "same", task="two")])
+    assert [g.text for g in mine] == ["x"] and [g.text for g in theirs] == ["y"]
+    (other,) = provider.generate([req("a", "same", task="three")])  # no file of its own: the prompt alone
+    assert isinstance(other, GenerationError) and "different generations" in other.message
     (gens,) = ReplayProvider.from_path(two).generate([req("a", "same")])
-    assert [g.text for g in gens] == ["x"]
+    assert [g.text for g in gens] == ["y"]
 
 
 def test_a_directory_of_several_models_is_rejected_naming_files(tmp_path: Path) -> None:

@@ -370,34 +370,27 @@ def test_reset_discards_a_tasks_saved_results(pytester, project):
     assert [p["instance_id"] for p in project.rows("t-predictions.jsonl")] == ["alpha"]
 
 
-def test_a_full_run_without_resume_starts_the_journal_afresh(pytester, project):
+def test_a_full_run_without_resume_regenerates_everything_and_keeps_the_journal(pytester, project):
     project(instances='[{"id": "a"}, {"id": "bad1"}]', scorer="judge")
     run(pytester).assert_outcomes(passed=2, failed=2)
-    first = project.rows("t-journal.jsonl")
     project(instances='[{"id": "a"}, {"id": "b"}]', scorer="judge")
     run(pytester).assert_outcomes(passed=ITEMS)
     rows = project.rows("t-journal.jsonl")
-    assert rows[0]["run"] != first[0]["run"]
-    assert sorted((r["instance_id"], r["rollout"]) for r in rows if r["type"] == "gen") == [
-        ("a", 0),
-        ("a", 1),
-        ("b", 0),
-        ("b", 1),
-    ]
-    assert fail_rows(project) == []
+    gens = [(r["instance_id"], r["rollout"]) for r in rows if r["type"] == "gen"]
+    assert sorted(set(gens)) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
     assert project.asked().count(("a", 0)) == 2
 
 
-def test_a_bare_run_that_dies_before_its_first_row_still_clears_the_journal(pytester, project, monkeypatch):
+def test_a_bare_run_dying_before_its_first_row_keeps_what_the_journal_held(pytester, project, monkeypatch):
     project(instances='[{"id": "stop"}]', num_samples="1", scorer="judge")
     run(pytester).assert_outcomes(passed=1)
     monkeypatch.setenv("INTERRUPT", "1")
     result = run(pytester, no_reraise_ctrlc=True)
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    assert journal_rows(project, "gen") == [] and journal_rows(project, "fail") == []
+    assert len(journal_rows(project, "gen")) == 1  # the first run's answer is still there
     monkeypatch.delenv("INTERRUPT")
-    run(pytester, "--resume").assert_outcomes(passed=1)
-    assert project.asked() == [("stop", 0)] * 3
+    run(pytester, "--resume").assert_outcomes(passed=0)  # reused: nothing asked again
+    assert project.asked() == [("stop", 0)] * 2
 
 
 def test_cache_clear_removes_the_journal(pytester, project):
@@ -542,7 +535,9 @@ def test_a_malformed_journal_line_is_a_usage_error_naming_file_and_line(pytester
     result = run(pytester, "--resume")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*t-journal.jsonl:3: malformed journal line*--evalreplay-reset*"])
-    run(pytester).assert_outcomes(passed=ITEMS)  # a full run without --resume starts over
+    # A plain run reads the journal too (it keeps what it holds): the bad line is still named.
+    assert run(pytester).ret == pytest.ExitCode.USAGE_ERROR
+    run(pytester, "--evalreplay-reset").assert_outcomes(passed=ITEMS)  # only a reset starts over
 
 
 def test_journal_rows_of_items_the_task_does_not_have_are_ignored_naming_file_and_line(pytester, project):

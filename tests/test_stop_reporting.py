@@ -64,10 +64,6 @@ def test_a_run_that_generates_still_needs_a_provider(echo):
     result.stderr.fnmatch_lines(["ERROR: no provider chosen*"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs metrics.task_outcome to count this run's saved generations, scored or not, as generated",
-)
 def test_the_summary_counts_generations_saved_before_an_interrupt(echo):
     echo.makepyfile(test_evals=EVALS.format(interrupt_at=2))
     result = echo.runpytest_subprocess("--evalreplay-output=run", "--evalreplay-provider=echo", "-n0")
@@ -93,10 +89,6 @@ def test_the_header_names_the_resume_stage_mode(tmp_path):
     assert "mode: resume from the first incomplete stage" in result.stdout, result.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs elorun._replan_from: a bare --resume-stage with every stage complete plans nothing afresh",
-)
 def test_a_bare_resume_stage_with_every_stage_complete_reruns_nothing(tmp_path):
     project = Project(tmp_path, seed="11")
     assert project.run().returncode == 0

@@ -15,7 +15,7 @@ from importlib import import_module
 from typing import Any
 
 from pytest_evalreplay.fingerprint import path_signature
-from pytest_evalreplay.model import EvalReplayError, Provider
+from pytest_evalreplay.model import EvalReplayError, Provider, type_name
 from pytest_evalreplay.settings import Settings
 
 # kind -> "module:factory"; the module is imported only when the kind is chosen.
@@ -70,6 +70,12 @@ class ProviderHost:
     def _ask_hook(self) -> None:
         if self._hooked is None:
             made = self.from_hook(self.kind)
+            if made is not None and not callable(getattr(made, "generate", None)):
+                raise EvalReplayError(
+                    f"the pytest_evalreplay_make_provider hook returned {type_name(made)} {made!r:.40} for "
+                    f"provider kind {self.kind!r}: return a provider (an object with generate(requests)), "
+                    "or None for kinds it does not make"
+                )
             self._hooked = made is not None
             if made is not None:
                 self._provider = made
