@@ -88,6 +88,19 @@ class RunContext:
             self._identity = self.host.identity()
         return self._identity
 
+    def adopt_provider(self, identity: dict[str, Any]) -> None:
+        """--resume with no provider chosen: the one provider the journals name
+        stands in, so what it made is reused; generating anything still needs
+        a provider (the host refuses when asked to build one)."""
+        self._identity, self._pv = dict(identity), None
+
+    def model(self) -> str | None:
+        """The model of the run: the provider's, or the adopted identity's."""
+        if self.settings.provider is None and self._identity is not None:
+            model = self._identity.get("model")
+            return model if isinstance(model, str) else None
+        return self.host.model()
+
     @property
     def provider_digest(self) -> str:
         if self._pv is None:

@@ -332,7 +332,7 @@ class EloRun(Rollouts):
             self.recorder.index,
             self.ctx.settings.max_attempts,
             self.ctx.run_id,
-            self.ctx.host.model(),
+            self.ctx.model(),
         )
         self.outcome = self.ratings.with_rating(base, self.log(), self.plans, len(self.elo.stages))
         return self.outcome

@@ -98,7 +98,7 @@ def finish_runs(ctx: RunContext, runs: Mapping[str, Run], rootdir: Path) -> dict
         from filelock import FileLock
 
         with FileLock(str(out / ".manifest.lock")):
-            write_manifest(out, ctx.host.model(), ctx.provider_identity, list(docs))
+            write_manifest(out, ctx.model(), ctx.provider_identity, list(docs))
     return docs
 
 
@@ -115,7 +115,7 @@ def baseline_source(ctx: RunContext, rootdir: Path) -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         pass
     return {
-        "model": ctx.host.model(),
+        "model": ctx.model(),
         "run": ctx.run_id,
         "date": dt.date.today().isoformat(),
         "commit": commit,

@@ -142,6 +142,8 @@ class EvalSession:
         if not collect_only:
             self.hold_output()
         _check_names([obj for obj, _ in tasks])
+        if self.settings.provider is None and self.ctx.resuming and not collect_only:
+            self.ctx.adopt_provider(journal_provider(self.output, [obj.name for obj, _ in tasks], self.ctx))
         for obj, selected in tasks:
             directory = self.ctx.output_factory() if collect_only else self.output
             all_keys = self.all_keys(obj)
@@ -224,6 +226,28 @@ class EvalSession:
     def close(self) -> None:
         self.close_provider()
         self.release_output()
+
+
+def journal_provider(directory: Path, names: Sequence[str], ctx: RunContext) -> dict[str, Any]:
+    """The provider identity that made the generations these tasks' journals
+    hold, when it is one; else the session needs a provider chosen."""
+    from pytest_evalreplay.journal import JournalIndex
+    from pytest_evalreplay.providers import NO_PROVIDER
+
+    found: dict[str, dict[str, Any]] = {}
+    for name in names:
+        index = JournalIndex.read(directory, name, ctx.snapshot.get(name))
+        for refs in index.gens.values():
+            for ref in refs:
+                found.setdefault(ref.provider, index.providers.get(ref.provider, {}))
+    if len(found) != 1:
+        why = (
+            "the journals hold no generation to resume"
+            if not found
+            else f"the journals hold generations of {len(found)} providers"
+        )
+        raise EvalReplayError(f"{NO_PROVIDER} ({why})")
+    return next(iter(found.values()))
 
 
 def _check_names(tasks: Sequence[Any]) -> None:

@@ -136,7 +136,7 @@ class TaskRun(Rollouts):
     def outcome_now(self) -> TaskOutcome:
         s = self.ctx.settings
         self.outcome = task_outcome(
-            self.plan, self.recorder.index, s.max_attempts, self.ctx.run_id, self.ctx.host.model()
+            self.plan, self.recorder.index, s.max_attempts, self.ctx.run_id, self.ctx.model()
         )
         return self.outcome
 

@@ -58,6 +58,21 @@ def test_collect_only_needs_no_provider(echo):
     result.stdout.fnmatch_lines(["evalreplay: 1 task, not planned: no provider chosen*"])
 
 
+def test_a_resume_that_reuses_everything_needs_no_provider(echo):
+    echo.runpytest("--evalreplay-output=run", "--evalreplay-provider=echo").assert_outcomes(passed=4)
+    result = echo.runpytest("--evalreplay-output=run", "--resume")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["evalreplay: 1 task, 0 to run, 4 reused from the journal*"])
+    result.stdout.fnmatch_lines(["qa: 4 instances, 4 items, 0 failed | 0 generated, 4 reused*"])
+
+
+def test_a_resume_with_something_to_generate_still_needs_a_provider(echo):
+    echo.runpytest("--evalreplay-output=run", "--evalreplay-provider=echo", "-k", "q0 or q1")
+    result = echo.runpytest("--evalreplay-output=run", "--resume")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: no provider chosen*"])
+
+
 def test_a_run_that_generates_still_needs_a_provider(echo):
     result = echo.runpytest("--evalreplay-output=run")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
