@@ -40,6 +40,7 @@ import socket
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -180,6 +181,26 @@ class Trickle(Action):
                 handler.wfile.flush()
         except OSError:
             handler.stub._event("client_gone", handler.path, body)
+
+
+@dataclass(frozen=True)
+class Staggered(Action):
+    """The deterministic answer after a delay drawn from [low, high) by the
+    prompt's CRC32: a steady stream of answers rather than waves of
+    `concurrency` answers landing together, as a real server's lengths make."""
+
+    low: float = 0.05
+    high: float = 0.35
+    name = "answer"
+
+    def __call__(self, handler: _Handler, body: dict[str, Any]) -> None:
+        key = orjson.dumps(prompt_of(body), option=orjson.OPT_SORT_KEYS)
+        seconds = self.low + (self.high - self.low) * (zlib.crc32(key) % 1000) / 1000
+        if seconds > 0 and handler.wait(seconds=seconds) != "elapsed":
+            return
+        payload = completion(body)
+        handler.stub._answered(handler.path, body)
+        handler.reply(200, payload)
 
 
 ANSWER = Answer()
