@@ -142,6 +142,12 @@ class EvalSession:
         if not collect_only:
             self.hold_output()
         _check_names([obj for obj, _ in tasks])
+        stage = self.settings.resume_stage
+        if stage is not None and not any(isinstance(obj, EloEval) for obj, _ in tasks):
+            raise EvalReplayError(
+                f"--resume-stage{'=' + str(stage) if stage else ''}: no multi-stage EloEval is selected "
+                "(--resume-stage resumes an EloEval's stages); for plain tasks use --resume"
+            )
         if self.settings.provider is None and self.ctx.resuming and not collect_only:
             self.ctx.adopt_provider(journal_provider(self.output, [obj.name for obj, _ in tasks], self.ctx))
         for obj, selected in tasks:

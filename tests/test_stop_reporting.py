@@ -173,3 +173,10 @@ def test_an_imported_task_is_collected_where_imported_when_only_that_module_is_s
     )
     ids = [line for line in result.outlines if "::" in line]
     assert "test_user.py::arith::a1[s1-r0]" in ids
+
+
+@pytest.mark.parametrize("arg", ["--resume-stage=99", "--resume-stage"])
+def test_resume_stage_without_an_elo_eval_is_a_usage_error(echo, arg):
+    result = echo.runpytest("--evalreplay-output=run", "--evalreplay-provider=echo", arg)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*no multi-stage EloEval is selected*for plain tasks use --resume*"])
