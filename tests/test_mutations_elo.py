@@ -99,6 +99,5 @@ def test_the_paired_comparison_uses_the_same_expansion_for_its_interval_and_p_va
 def test_the_p_value_mapping_inverts_the_interval_expansion(tasks: int, p: float) -> None:
     """So that p < 0.025 goes with an interval that excludes 0."""
     expanded_p = elo_bootstrap.expanded_tail(p, tasks)
-    assert elo_bootstrap.unexpanded_tail(expanded_p, tasks) == pytest.approx(
-        p, rel=1e-6
-    )  # old scipy inverts to about 1e-9
+    # scipy 1.10 inverts the t distribution to about 2.5e-9: 1e-6 still kills a mutated mapping
+    assert elo_bootstrap.unexpanded_tail(expanded_p, tasks) == pytest.approx(p, rel=1e-6)
