@@ -13,6 +13,7 @@ and read back by replay and compare, in `runschema`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import os
 import socket
@@ -31,10 +32,17 @@ except ImportError:  # Windows: no flock; workers' claims are not taken there
     fcntl = None  # type: ignore[assignment]
 
 from pytest_evalreplay.files import atomic_write, os_error
-from pytest_evalreplay.journal import JournalIndex
+from pytest_evalreplay.journal import GenRef, JournalIndex
 from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome
 from pytest_evalreplay.model import EvalReplayError, Generation, RequestKey
-from pytest_evalreplay.runschema import FORMAT, MANIFEST, prediction_row, request_row, task_files
+from pytest_evalreplay.runschema import (
+    FORMAT,
+    MANIFEST,
+    SAVED_SAMPLING,
+    prediction_row,
+    request_row,
+    task_files,
+)
 
 SESSION_LOCK = ".evalreplay-session.lock"
 SESSION_HOLDER = ".evalreplay-session.json"
@@ -66,14 +74,27 @@ def write_task(
     keys = sorted(groups, key=lambda k: (order.get(k[1], len(order)), k[1], k[0]))
     for key in keys:
         groups[key].sort(key=lambda i: i.key[2])
+        for item in groups[key]:
+            check_named_rows(index, item.gen)  # type: ignore[arg-type]
+
+    def sampling_made_with(items: list[ItemOutcome]) -> dict[str, Any] | None:
+        """The sampling a replayed instance's generations were made with, when
+        the replay provider said it differs from the one asked (and they agree)."""
+        if index.providers[items[0].gen.provider].get("kind") != "replay":  # type: ignore[union-attr]
+            return None  # only replay serves what another sampling made: no read needed
+        made = (index.generation(i.gen).metadata.get(SAVED_SAMPLING) for i in items)  # type: ignore[arg-type]
+        found = {orjson.dumps(sampling) for sampling in made}
+        return orjson.loads(found.pop()) if len(found) == 1 else None
 
     # Rows are streamed from the journal into the files, a line at a time, so
     # a large task's texts are never all in memory at once.
     def requests() -> Iterator[dict[str, Any]]:
         for stage, iid in keys:
-            content = index.request(groups[(stage, iid)][0].gen.request)  # type: ignore[union-attr]
-            if content is not None:
-                yield request_row(iid, stage, content, num_samples)
+            items = groups[(stage, iid)]
+            content = index.request(items[0].gen.request)  # type: ignore[union-attr]
+            if (saved := sampling_made_with(items)) is not None:
+                content = {**content, "sampling": saved}  # type: ignore[dict-item]
+            yield request_row(iid, stage, content, num_samples)  # type: ignore[arg-type]
 
     def predictions() -> Iterator[dict[str, Any]]:
         for stage, iid in keys:
@@ -81,6 +102,7 @@ def write_task(
             generations = [index.generation(i.gen) for i in items]  # type: ignore[arg-type]
             if postprocess is not None:
                 generations = [postprocess(g) for g in generations]
+            generations = [without_saved_sampling(g) for g in generations]
             yield prediction_row(
                 iid,
                 stage,
@@ -97,6 +119,29 @@ def write_task(
     atomic_write(files["predictions"], _jsonl(predictions()))
     if metrics:
         atomic_write(files["metrics"], orjson.dumps(outcome.to_doc(run), option=orjson.OPT_INDENT_2))
+
+
+def check_named_rows(index: JournalIndex, gen: GenRef) -> None:
+    """A generation's request and provider rows must be in its journal (the
+    writer appends them before it, in one write): without them the run dir
+    cannot say what was asked, and replay would refuse what it wrote."""
+    for name, table in (("request", index.requests), ("provider", index.providers)):
+        if getattr(gen, name) not in table:
+            raise EvalReplayError(
+                f"{index.path}:{gen.lineno}: this gen row names {name} {getattr(gen, name)[:16]}..., and "
+                f"the journal has no {name} row of that digest (were rows deleted by hand?); restore them, "
+                "or delete the rows that name it, or run with --evalreplay-reset to discard this task's "
+                "saved results"
+            )
+
+
+def without_saved_sampling(generation: Generation) -> Generation:
+    """A replayed generation's saved sampling goes to its requests row, not
+    its predictions row (which stays the saved one, byte for byte)."""
+    if SAVED_SAMPLING not in generation.metadata:
+        return generation
+    metadata = {k: v for k, v in generation.metadata.items() if k != SAVED_SAMPLING}
+    return dataclasses.replace(generation, metadata=metadata)
 
 
 def remove_stale_temporaries(directory: Path, prefix: str) -> None:

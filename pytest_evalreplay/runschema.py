@@ -33,6 +33,11 @@ JUDGE_PREDICTIONS_SUFFIX = JUDGE_SUFFIX + PREDICTIONS_SUFFIX
 # A requests row's keys, in the order `request_row` writes them (replay's
 # fast way reads a plain text row by exactly these).
 REQUEST_FIELDS = ("instance_id", "request_type", "context", "system_prompt", "num_samples", "sampling")
+# The key of a replayed `Generation`'s metadata that holds the sampling its saved
+# request was made with, where it differs from the sampling asked now: the run
+# dir writes it into that instance's requests row (and drops it from the
+# predictions row), so a requests row says what its generations were made with.
+SAVED_SAMPLING = "saved_sampling"
 
 
 def task_files(directory: Path, task: str) -> dict[str, Path]:

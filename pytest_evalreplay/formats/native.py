@@ -40,6 +40,7 @@ from pytest_evalreplay.formats.saved import (
     OWN_LAYOUT,
     IndexBuilder,
     IndexKey,
+    SamplingRuns,
     SavedRow,
     generation_from_row,
     index_key,
@@ -82,6 +83,7 @@ _REQUEST_FIELDS = itemgetter(*REQUEST_FIELDS)
 _SIX = {6}
 _STR = {str}
 _STR_OR_NONE = {str, type(None)}
+_DICT = {dict}
 _encode = str.encode
 _startswith = bytes.startswith
 
@@ -145,6 +147,7 @@ def _load_in_step(builder: IndexBuilder, path: Path, task: str, requests: list[b
     base = builder.size
     loads = orjson.loads
     inserted: list[Sequence[IndexKey]] = []
+    samplings = SamplingRuns()
     done = False
     try:
         for a in range(0, n, BLOCK):
@@ -152,8 +155,8 @@ def _load_in_step(builder: IndexBuilder, path: Path, task: str, requests: list[b
             rows = list(map(loads, requests[a:b]))
             # Exactly the six keys `runschema.request_row` writes for a plain text request:
             # no stage, images or tools (those take the general way).
-            ids, kinds, contexts, systems, _, _ = zip(*map(_REQUEST_FIELDS, rows), strict=True)
-            if set(map(len, rows)) != _SIX:
+            ids, kinds, contexts, systems, _, block_sampling = zip(*map(_REQUEST_FIELDS, rows), strict=True)
+            if set(map(len, rows)) != _SIX or set(map(type, block_sampling)) != _DICT:
                 return False
             del rows
             encoded = list(map(_encode, ids))  # a TypeError for an id that is not a string
@@ -187,6 +190,10 @@ def _load_in_step(builder: IndexBuilder, path: Path, task: str, requests: list[b
                 ]
                 order = [*compress(positions, plain), *compress(positions, paired)]
             inserted.append(block_keys)
+            if block_sampling.count(block_sampling[0]) == len(block_sampling):
+                samplings.add(a, block_sampling[0])  # the common case: one sampling for the block
+            else:
+                consume(map(samplings.add, range(a, b), block_sampling), 0)
             size = len(keys)
             consume(map(setdefault, block_keys, order), 0)  # never overwrites another file's entry
             if len(keys) - size != b - a:
@@ -202,7 +209,9 @@ def _load_in_step(builder: IndexBuilder, path: Path, task: str, requests: list[b
                     slot = keys.get(key)
                     if type(slot) is int and slot >= base:
                         del keys[key]
-    builder.add_file(path, task, LAYOUT, decode_in_step, identify=identify, data=data, bounds=bounds)
+    builder.add_file(
+        path, task, LAYOUT, decode_in_step, identify=identify, data=data, bounds=bounds, samplings=samplings
+    )
     builder.note_model(model, path)
     return True
 
@@ -258,8 +267,11 @@ def _load_general(
     requests: list[bytes],
     lines: list[bytes],
 ) -> None:
-    joins, prompts = read_requests(requests_path, requests)
-    base = builder.add_file(path, task, LAYOUT, decode, identify=identify, lines=lines).start
+    joins, prompts, request_samplings = read_requests(requests_path, requests)
+    samplings = SamplingRuns()
+    base = builder.add_file(
+        path, task, LAYOUT, decode, identify=identify, lines=lines, samplings=samplings
+    ).start
     n = len(joins)
     i = 0  # the requests row expected next
     table: dict[JoinKey, IndexKey | None] | None = None
@@ -270,23 +282,23 @@ def _load_general(
         iid, stage, row_model = fields.instance_id, fields.stage, fields.model
         k = iid if stage == 1 else (stage, iid)
         if i < n and joins[i] == k:
-            key = prompts[i]
+            key, sampling = prompts[i], request_samplings[i]
             i += 1
         else:
             j = _find(joins, k, i, min(n, i + LOOK_AHEAD))
             if j >= 0:
-                key = prompts[j]
+                key, sampling = prompts[j], request_samplings[j]
                 i = j + 1
             else:
                 if table is None:
-                    table = _table(joins, prompts)
+                    table = _table(joins, prompts, request_samplings)
                 if k not in table:
                     raise EvalReplayError(
                         f"{where}: predictions row for instance {show(iid)} (stage {stage}) has no row in "
                         f"{requests_path.name}, so its prompt is unknown; restore the requests file the "
                         "run wrote, or delete the row"
                     )
-                key = table[k]
+                key, sampling = table[k]
                 if key is _AMBIGUOUS:
                     raise EvalReplayError(
                         f"{requests_path}: instance {show(iid)} (stage {stage}) appears with "
@@ -299,17 +311,29 @@ def _load_general(
         if key is None:
             builder.skipped += 1
             continue
+        samplings.add(lineno - 1, sampling)
         builder.insert(key, base + lineno - 1)
 
 
-def read_requests(path: Path, lines: list[bytes]) -> tuple[list[JoinKey], list[IndexKey | None]]:
-    """Each requests row's join key and prompt key, in file order; the prompt
-    key is None for rows replay skips (loglikelihood, images, tools)."""
+Sampling = dict[str, Any] | None
+
+
+def read_requests(
+    path: Path, lines: list[bytes]
+) -> tuple[list[JoinKey], list[IndexKey | None], list[Sampling]]:
+    """Each requests row's join key, prompt key and sampling, in file order; the
+    prompt key is None for rows replay skips (loglikelihood, images, tools), the
+    sampling None for a row that does not say (written by hand)."""
     joins: list[JoinKey] = []
     prompts: list[IndexKey | None] = []
+    samplings: list[Sampling] = []
     for lineno, row in rows_of(path, lines):
         where = f"{path}:{lineno}"
         fields = request_fields(row, where)
+        sampling = row.get("sampling")
+        if sampling is not None and type(sampling) is not dict:
+            raise bad_field(where, "sampling", "an object of sampling settings, or null", sampling)
+        samplings.append(sampling)
         if fields.request_type == "generate" and not fields.extras:
             try:
                 prompts.append(index_key(fields.context, fields.system_prompt))
@@ -318,7 +342,7 @@ def read_requests(path: Path, lines: list[bytes]) -> tuple[list[JoinKey], list[I
         else:
             prompts.append(None)
         joins.append(fields.instance_id if fields.stage == 1 else (fields.stage, fields.instance_id))
-    return joins, prompts
+    return joins, prompts, samplings
 
 
 def _find(joins: list[JoinKey], k: JoinKey, start: int, stop: int) -> int:
@@ -328,13 +352,16 @@ def _find(joins: list[JoinKey], k: JoinKey, start: int, stop: int) -> int:
     return -1
 
 
-def _table(joins: list[JoinKey], prompts: list[IndexKey | None]) -> dict[JoinKey, Any]:
-    """Join key -> prompt key for rows that cannot be joined in step."""
-    table: dict[JoinKey, Any] = {}
-    for k, key in zip(joins, prompts, strict=True):
-        prev = table.setdefault(k, key)
-        if prev is not _AMBIGUOUS and prev != key:
-            table[k] = _AMBIGUOUS
+def _table(
+    joins: list[JoinKey], prompts: list[IndexKey | None], samplings: list[Sampling]
+) -> dict[JoinKey, tuple[Any, Sampling]]:
+    """Join key -> (prompt key, sampling) for rows that cannot be joined in
+    step; the first row's sampling where a key's rows say the same prompt."""
+    table: dict[JoinKey, tuple[Any, Sampling]] = {}
+    for k, key, sampling in zip(joins, prompts, samplings, strict=True):
+        prev = table.setdefault(k, (key, sampling))
+        if prev[0] is not _AMBIGUOUS and prev[0] != key:
+            table[k] = (_AMBIGUOUS, None)
     return table
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,27 @@ class SavedRow:
     generations: tuple[Generation, ...]
     where: str  # "file:line", for messages
     file: Path
+    sampling: dict[str, Any] | None = None  # its saved request's sampling, where the layout says
+
+
+@dataclass(frozen=True)
+class SamplingRuns:
+    """The saved sampling of each row of a predictions file, run-length coded
+    (rows from `starts[i]` on have `values[i]`): a run's rows nearly always
+    share one sampling, so a million rows cost a few entries, not a dict each."""
+
+    starts: list[int] = field(default_factory=list)
+    values: list[dict[str, Any] | None] = field(default_factory=list)
+
+    def add(self, row: int, sampling: dict[str, Any] | None) -> None:
+        """Row `row` (rows are added in increasing order) has `sampling`."""
+        if not self.values or self.values[-1] != sampling:
+            self.starts.append(row)
+            self.values.append(sampling)
+
+    def at(self, row: int) -> dict[str, Any] | None:
+        i = bisect_right(self.starts, row) - 1
+        return None if i < 0 else self.values[i]
 
 
 Decoder = Callable[[bytes, str, Path], SavedRow]
@@ -110,6 +131,7 @@ class SavedFile:
     lines: list[bytes] = field(default_factory=list)
     data: bytes = b""
     bounds: Any = None  # a numpy int64 array, when `data` holds the rows
+    samplings: SamplingRuns | None = None  # where the layout saves each row's sampling
 
     def __len__(self) -> int:
         return len(self.lines) if self.bounds is None else len(self.bounds) - 1
@@ -216,7 +238,10 @@ def _start(saved: SavedFile) -> int:
 
 def decode_at(files: list[SavedFile] | tuple[SavedFile, ...], pos: int) -> SavedRow:
     source, lineno = locate(files, pos)
-    return source.decode(source.blob(pos - source.start), f"{source.path}:{lineno}", source.path)
+    row = source.decode(source.blob(pos - source.start), f"{source.path}:{lineno}", source.path)
+    if source.samplings is None:
+        return row
+    return replace(row, sampling=source.samplings.at(pos - source.start))
 
 
 @dataclass
@@ -252,19 +277,12 @@ class IndexBuilder:
         lines: list[bytes] | None = None,
         data: bytes = b"",
         bounds: Any = None,
+        samplings: SamplingRuns | None = None,
     ) -> SavedFile:
         """Start a file (the last one's rows are all in by now)."""
+        rows = [] if lines is None else lines
         saved = SavedFile(
-            path,
-            task,
-            layout,
-            decode,
-            self.size,
-            linenos,
-            identify,
-            [] if lines is None else lines,
-            data,
-            bounds,
+            path, task, layout, decode, self.size, linenos, identify, rows, data, bounds, samplings
         )
         self.files.append(saved)
         return saved

@@ -12,9 +12,10 @@ answered faithfully is a non-retryable `GenerationError`, never a score of 0.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pytest_evalreplay.formats import load
 from pytest_evalreplay.formats.closest import closest, describe
@@ -28,6 +29,7 @@ from pytest_evalreplay.model import (
     Request,
     show,
 )
+from pytest_evalreplay.runschema import SAVED_SAMPLING
 from pytest_evalreplay.settings import Settings
 
 
@@ -42,6 +44,7 @@ class Save:
     samples: dict[int, Generation]
     where: tuple[str, ...]
     conflicts: tuple[str, ...] = ()
+    samplings: dict[int, dict[str, Any] | None] = field(default_factory=dict)  # each sample's saved sampling
 
     @property
     def texts(self) -> tuple[str, ...]:
@@ -57,6 +60,7 @@ def merge(rows: Sequence[SavedRow]) -> list[Save]:
     saves = []
     for (_, stage, iid), group in groups.items():
         samples: dict[int, Generation] = {}
+        samplings: dict[int, dict[str, Any] | None] = {}
         found_at: dict[int, str] = {}
         conflicts: list[str] = []
         for row in group:
@@ -64,12 +68,13 @@ def merge(rows: Sequence[SavedRow]) -> list[Save]:
                 first = samples.setdefault(r, generation)
                 if first is generation:
                     found_at[r] = row.where
+                    samplings[r] = row.sampling
                 elif first.raw_text != generation.raw_text:
                     conflicts.append(
                         f"sample {r} of instance {iid} is {show(first.raw_text, 40)} at {found_at[r]} "
                         f"but {show(generation.raw_text, 40)} at {row.where}"
                     )
-        saves.append(Save(iid, stage, samples, tuple(r.where for r in group), tuple(conflicts)))
+        saves.append(Save(iid, stage, samples, tuple(r.where for r in group), tuple(conflicts), samplings))
     return saves
 
 
@@ -82,15 +87,19 @@ def choose(saves: Sequence[Save], stage: int) -> list[Save] | None:
     return None
 
 
-def served(generation: Generation) -> Generation:
-    """The raw text, so the task strips and extracts again; the rest carries over."""
+def served(generation: Generation, saved_sampling: Mapping[str, Any] | None = None) -> Generation:
+    """The raw text, so the task strips and extracts again; the rest carries
+    over. `saved_sampling`, where given, joins the metadata (`SAVED_SAMPLING`)."""
+    metadata = generation.metadata
+    if saved_sampling is not None:
+        metadata = {**metadata, SAVED_SAMPLING: dict(saved_sampling)}
     return Generation(
         text=generation.raw_text,
         original_text=None,
         finish_reason=generation.finish_reason,
         prompt_tokens=generation.prompt_tokens,
         completion_tokens=generation.completion_tokens,
-        metadata=generation.metadata,
+        metadata=metadata,
     )
 
 
@@ -104,6 +113,9 @@ class ReplayProvider:
     def __init__(self, index: SavedIndex) -> None:
         self.index = index
         self.model: str | None = index.model
+        self.served_requests = 0
+        self.other_sampling = 0  # served requests whose saved sampling differs from the asked one
+        self.first_other: str | None = None  # the first of them, for the note
 
     @classmethod
     def from_path(cls, path: str | Path) -> ReplayProvider:
@@ -118,6 +130,20 @@ class ReplayProvider:
 
     def close(self) -> None:
         """Nothing to release: the index is plain memory."""
+
+    @property
+    def notes(self) -> list[str]:
+        """What the summary should say (`ProviderHost.close` copies it): how
+        many served requests asked for other sampling than their saved
+        generations were made with (those are served all the same, since the
+        prompt is the key, and the run dir records the saved sampling)."""
+        if not self.other_sampling:
+            return []
+        return [
+            f"replay: {self.other_sampling} of {self.served_requests} served requests asked for other "
+            f"sampling than their saved generations were made with (first: {self.first_other}); the "
+            "saved generations were served, and the run dir's requests rows record the saved sampling"
+        ]
 
     def answer(self, request: Request) -> GenerateResult:
         where = f"task {request.task}, instance {request.instance_id}"
@@ -178,7 +204,24 @@ class ReplayProvider:
                 f"replay: the saved rollouts {sorted(save.samples)} do not include {missing} "
                 f"({where}; saved at {save.where[-1]}); regenerate with a live provider"
             )
-        return [served(save.samples[r]) for r in request.rollouts]
+        return self._serve(request, save, where)
+
+    def _serve(self, request: Request, save: Save, where: str) -> list[Generation]:
+        """The wanted samples, each carrying its saved sampling where that
+        differs from the request's (and counted for the summary's note)."""
+        self.served_requests += 1
+        asked = dict(request.sampling)
+        differs = {
+            r: save.samplings[r]
+            for r in request.rollouts
+            if save.samplings.get(r) is not None and save.samplings[r] != asked
+        }
+        if differs:
+            self.other_sampling += 1
+            if self.first_other is None:
+                saved = next(iter(differs.values()))
+                self.first_other = f"{where}: saved {show(saved, 80)}, asked {show(asked, 80)}"
+        return [served(save.samples[r], differs.get(r)) for r in request.rollouts]
 
     def first_sample(self, request: Request) -> Generation | None:
         """The first saved sample answering the request's prompt, whatever the
