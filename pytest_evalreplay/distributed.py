@@ -144,8 +144,9 @@ class XdistHooks:
                 except EvalReplayError as exc:
                     raise pytest.UsageError(str(exc)) from None
                 state["evalreplay_snapshot"] = snapshot(session.output)
-                for stale in (session.output / ".evalreplay-progress").glob("*.json"):
-                    stale.unlink(missing_ok=True)
+                from pytest_evalreplay.progress import clear_progress
+
+                clear_progress(session.output)  # never through a link (prepare_output_dir refuses one)
             self._prepared = state
         return self._prepared
 

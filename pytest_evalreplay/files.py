@@ -5,7 +5,9 @@ Everything the plugin writes lives in an output dir that other tools, other
 sessions and users share, so writes never follow a link planted there:
 temporary files are created exclusively (`O_EXCL`) in the target's own
 directory and renamed into place, appends refuse a symlinked file
-(`O_NOFOLLOW`), and every write is fsynced before it counts. Journals are
+(`O_NOFOLLOW`), lock files and the plugin's own folders are refused when
+they are links (`NoFollowLock`, `own_dir`), and every write is fsynced
+before it counts. Journals are
 the exception: `AppendFile` writes each group of rows to the OS at once (a
 killed process loses nothing it wrote) and fsyncs within `SYNC_SECONDS`
 from a background thread, since fsync guards against power loss only.
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from filelock import FileLock, Timeout
 
 from pytest_evalreplay.model import EvalReplayError
 
@@ -55,6 +58,98 @@ def os_error(path: Path, exc: OSError, doing: str) -> EvalReplayError:
     else:
         hint = "check the path"
     return EvalReplayError(f"{path}: cannot {doing}: {reason} ({hint})")
+
+
+def link_error(path: Path) -> EvalReplayError:
+    """A link planted at one of the plugin's own names in the output dir."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return EvalReplayError(
+        f"{path} is a symbolic link (to {target}): the plugin never follows a link inside its output "
+        f"dir, so it neither writes nor deletes through it; remove the link (rm {path}) and run again, "
+        "or pass --evalreplay-output=OTHER_DIR"
+    )
+
+
+def refuse_link(path: Path) -> None:
+    """`path` (which may not exist yet) must not be a symlink."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise os_error(path, exc, "check") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise link_error(path)
+
+
+def own_dir(path: Path) -> Path:
+    """A folder the plugin keeps in the output dir, created if missing: never
+    a link (writes or deletes there would reach the link's target)."""
+    refuse_link(path)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise os_error(path, exc, "create") from None
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise os_error(path, exc, "create") from None
+    if stat.S_ISLNK(st.st_mode):  # planted between the check and the mkdir
+        raise link_error(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise not_own_dir(path)
+    return path
+
+
+def not_own_dir(path: Path) -> EvalReplayError:
+    return EvalReplayError(
+        f"{path}: expected a folder of the plugin's here, found a file; remove it and run again"
+    )
+
+
+class NoFollowLock:
+    """An OS file lock (filelock's) on a file in the output dir, refused when
+    a link sits at its name: filelock before 3.20.1 opens the lock file
+    following links and with O_TRUNC, so a planted link would empty (or
+    create) its target; from 3.20.1 on, the open itself refuses a link
+    (O_NOFOLLOW), which also covers a link planted after the check. Every
+    OS error names the file. Reentrant, like FileLock."""
+
+    def __init__(self, path: Path, timeout: float = -1) -> None:
+        self.path = path
+        self._lock = FileLock(str(path), timeout=timeout)
+
+    @property
+    def is_locked(self) -> bool:
+        return self._lock.is_locked
+
+    def acquire(self) -> None:
+        """Take the lock; filelock's `Timeout` when `timeout` runs out."""
+        if not self._lock.is_locked:
+            refuse_link(self.path)
+        try:
+            self._lock.acquire()
+        except Timeout:
+            raise
+        except OSError as exc:
+            if getattr(exc, "errno", None) == 40:  # ELOOP: the open met a link
+                raise link_error(self.path) from None
+            raise os_error(self.path, exc, "lock") from None
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> NoFollowLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -39,9 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from filelock import FileLock
 
-from pytest_evalreplay.files import AppendFile, atomic_write, os_error
+from pytest_evalreplay.files import AppendFile, NoFollowLock, atomic_write, os_error
 from pytest_evalreplay.model import EvalReplayError, Failure, Generation
 
 FORMAT = "evalreplay-journal/2"
@@ -52,9 +51,9 @@ def journal_path(directory: Path, task: str) -> Path:
     return directory / f"{task}-journal.jsonl"
 
 
-def task_lock(directory: Path, task: str) -> FileLock:
-    """The lock every writer of a task's journal (and its run dir files) holds."""
-    return FileLock(str(directory / f".{task}.lock"))
+def task_lock(directory: Path, task: str) -> NoFollowLock:
+    """The lock every writer of a task's journal (and its run dir files) holds (never through a link)."""
+    return NoFollowLock(directory / f".{task}.lock")
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,9 @@ controller reads and prints (`ProgressWatcher`).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -15,11 +18,12 @@ from typing import Any
 import orjson
 import pytest
 
-from pytest_evalreplay.files import atomic_write
+from pytest_evalreplay.files import atomic_write, own_dir
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.rundir import PROGRESS_DIR
 
 TTY_INTERVAL = 0.25
-PROGRESS_DIR = ".evalreplay-progress"
+WORKER_FILE = re.compile(r"gw[0-9]+\.json")  # a progress file's name: the xdist worker id
 PREFIX = "evalreplay: "
 
 
@@ -153,8 +157,7 @@ class FileProgress:
 
     def _write(self, doc: dict[str, Any]) -> None:
         try:
-            folder = self._directory() / PROGRESS_DIR
-            folder.mkdir(exist_ok=True)
+            folder = own_dir(self._directory() / PROGRESS_DIR)  # never a link
             atomic_write(folder / f"{self.worker}.json", orjson.dumps(doc))
         except (OSError, EvalReplayError):
             pass  # progress is a courtesy: never fail a run over it
@@ -185,6 +188,21 @@ class FileProgress:
     def end(self, task: str) -> None:
         self._start.pop(task, None)
         self._write({"task": task, "done": True, "seq": time.monotonic()})
+
+
+def clear_progress(directory: Path) -> None:
+    """An earlier run's progress files go before the workers start: only the
+    names workers write (`gw<N>.json`), in the progress folder itself (the
+    output dir refused a link at its name; a link in it is removed, never
+    followed)."""
+    folder = directory / PROGRESS_DIR
+    try:
+        names = [e.name for e in os.scandir(folder) if WORKER_FILE.fullmatch(e.name)]
+    except OSError:
+        return
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(folder / name)
 
 
 class ProgressWatcher:

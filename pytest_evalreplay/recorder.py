@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from filelock import FileLock
 
 from pytest_evalreplay import journal, rundir
-from pytest_evalreplay.files import atomic_write, read_bytes
+from pytest_evalreplay.files import NoFollowLock, atomic_write, own_dir, read_bytes
 from pytest_evalreplay.journal import JournalIndex, RolloutKey
 from pytest_evalreplay.metrics import TaskOutcome
 from pytest_evalreplay.model import Failure, Generation
@@ -58,7 +57,7 @@ class TaskRecorder:
     _known_requests: set[str] = field(default_factory=set)
     _known_providers: set[str] = field(default_factory=set)
     _prepared: bool = False
-    _lock: FileLock | None = None
+    _lock: NoFollowLock | None = None
 
     def __post_init__(self) -> None:
         self.path = journal.journal_path(self.directory, self.task)
@@ -77,10 +76,10 @@ class TaskRecorder:
     @contextmanager
     def chunk_locked(self, chunk: int | str) -> Iterator[None]:
         """Held while generating a chunk, so one process of a run generates it;
-        the others wait, then read its rows from the journal."""
-        locks = self.directory / ".evalreplay-locks"
-        locks.mkdir(exist_ok=True)
-        with FileLock(str(locks / f"{self.task}.{chunk}.lock")):
+        the others wait, then read its rows from the journal. Neither the
+        locks folder nor a lock file in it is ever a link."""
+        locks = own_dir(self.directory / rundir.LOCKS_DIR)
+        with NoFollowLock(locks / f"{self.task}.{chunk}.lock"):
             yield
 
     # -- reading -----------------------------------------------------------------

@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 try:
     import fcntl
 except ImportError:  # Windows: no flock; workers' claims are not taken there
     fcntl = None  # type: ignore[assignment]
 
-from pytest_evalreplay.files import atomic_write, os_error
+from pytest_evalreplay.files import NoFollowLock, atomic_write, link_error, not_own_dir, os_error, refuse_link
 from pytest_evalreplay.journal import GenRef, JournalIndex
 from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome
 from pytest_evalreplay.model import EvalReplayError, Generation, RequestKey
@@ -48,6 +48,21 @@ SESSION_LOCK = ".evalreplay-session.lock"
 SESSION_HOLDER = ".evalreplay-session.json"
 SESSION_WORKERS = ".evalreplay-session-workers.lock"  # xdist workers' shared claim (flock LOCK_SH)
 WORKERS_GONE_WAIT = 5.0  # seconds a new session waits for a dead controller's workers to stop
+MANIFEST_LOCK = ".manifest.lock"
+LOCKS_DIR = ".evalreplay-locks"  # the chunk locks
+PROGRESS_DIR = ".evalreplay-progress"  # xdist workers' progress files
+# The plugin's own folders in an output dir: a link planted at one, or at any lock
+# file's name (`.*.lock`: the session's, the manifest's, each task's), is refused
+# before anything is locked, written or removed there.
+OWN_DIRS = (LOCKS_DIR, PROGRESS_DIR)
+# What pytest writes into the cache dir it creates: backup and indexing tools skip
+# a tagged folder (https://bford.info/cachedir/), git ignores everything in it.
+CACHEDIR_TAG = b"""Signature: 8a477f597d28d172789f06886806bc55
+# This file is a cache directory tag created by pytest-evalreplay.
+# For information about cache directory tags, see:
+#	https://bford.info/cachedir/spec.html
+"""
+GITIGNORE = b"# Created by pytest-evalreplay automatically (delete this file to commit the run dir).\n*\n"
 
 
 def _jsonl(rows: Iterable[Mapping[str, Any]]) -> Iterator[bytes]:
@@ -187,7 +202,11 @@ def write_manifest(
 
 
 def prepare_output_dir(directory: Path) -> None:
-    """An output dir is a directory we can write, created if missing."""
+    """An output dir is a directory we can write, created if missing. One the
+    plugin creates is tagged as a cache dir, as pytest tags its own
+    (`CACHEDIR.TAG`, a `.gitignore` of `*`); a directory that already exists
+    is the user's and is left as it is. A link planted at one of the plugin's
+    own names in it is refused."""
     if directory.is_symlink() and not directory.is_dir():
         raise EvalReplayError(f"--evalreplay-output {directory} is a dangling symlink; remove it")
     if directory.exists() and not directory.is_dir():
@@ -195,12 +214,43 @@ def prepare_output_dir(directory: Path) -> None:
             f"--evalreplay-output {directory} exists and is not a directory; "
             "pass a directory (ini evalreplay_output)"
         )
+    created = not os.path.lexists(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise os_error(directory, exc, "create the output dir") from None
     if not os.access(directory, os.W_OK | os.X_OK):
         raise EvalReplayError(f"--evalreplay-output {directory}: not writable; check its permissions")
+    if created:
+        atomic_write(directory / "CACHEDIR.TAG", CACHEDIR_TAG)
+        atomic_write(directory / ".gitignore", GITIGNORE)
+    refuse_own_links(directory)
+
+
+def refuse_own_links(directory: Path) -> None:
+    """A symlink at one of the plugin's own names in the output dir is an error
+    naming it (each lock also refuses one when taken: this says so once, at the start)."""
+    for name in OWN_DIRS:
+        path = directory / name
+        refuse_link(path)
+        if os.path.lexists(path) and not path.is_dir():
+            raise not_own_dir(path)
+    try:
+        with os.scandir(directory) as entries:
+            links = [
+                e.name
+                for e in entries
+                if e.name.startswith(".") and e.name.endswith(".lock") and e.is_symlink()
+            ]
+    except OSError as exc:
+        raise os_error(directory, exc, "list") from None
+    if links:
+        raise link_error(directory / sorted(links)[0])
+
+
+def manifest_lock(directory: Path) -> NoFollowLock:
+    """The lock every writer of manifest.json holds."""
+    return NoFollowLock(directory / MANIFEST_LOCK)
 
 
 def refuse_self_replay(predictions: Path, output: Path) -> None:
@@ -235,7 +285,7 @@ class SessionLock:
 
     directory: Path
     run: str
-    _lock: FileLock | None = None
+    _lock: NoFollowLock | None = None
     _claim: int | None = None  # a worker's open descriptor on SESSION_WORKERS
 
     @property
@@ -243,7 +293,7 @@ class SessionLock:
         return self.directory / SESSION_HOLDER
 
     def acquire(self) -> None:
-        lock = FileLock(str(self.directory / SESSION_LOCK), timeout=0)
+        lock = NoFollowLock(self.directory / SESSION_LOCK, timeout=0)
         try:
             lock.acquire()
         except Timeout:
@@ -252,8 +302,6 @@ class SessionLock:
                 f"({self.describe_holder()}); wait for it to end, or pass "
                 "--evalreplay-output=OTHER_DIR (ini evalreplay_output)"
             ) from None
-        except OSError as exc:
-            raise os_error(self.directory / SESSION_LOCK, exc, "lock") from None
         try:
             self._wait_for_workers_gone()
         except BaseException:
@@ -297,10 +345,13 @@ class SessionLock:
         if fcntl is None:
             return None
         path = self.directory / SESSION_WORKERS
+        refuse_link(path)
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         try:
             return os.open(path, flags, 0o644)
         except OSError as exc:
+            if exc.errno == 40:  # ELOOP: a link planted after the check
+                raise link_error(path) from None
             raise os_error(path, exc, "lock") from None
 
     def _wait_for_workers_gone(self) -> None:

@@ -5,7 +5,10 @@ drop without a count. Each test is one entry of the bad-input catalogue."""
 
 from __future__ import annotations
 
+import builtins
+import errno
 import gzip
+import io
 import os
 import re
 import time
@@ -62,20 +65,66 @@ def failure(path: Path, request: Request) -> str:
     return result.message
 
 
+class Unreadable:
+    """Makes paths unreadable with chmod 000. Where this user reads them
+    anyway (root has CAP_DAC_OVERRIDE, as in CI's containers), every open,
+    listing or stat that would then fail for anyone else fails here too,
+    with the same EACCES: the tests run as root instead of skipping."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+        self.paths: list[Path] = []
+        self.denied: set[str] = set()
+        self.dirs: set[str] = set()
+
+    def __call__(self, path: Path) -> None:
+        path.chmod(0)
+        self.paths.append(path)
+        if not os.access(path, os.R_OK):
+            return  # the OS refuses: nothing to simulate
+        if not self.denied:
+            self._patch()
+        self.denied.add(os.path.abspath(path))
+        if path.is_dir():
+            self.dirs.add(os.path.abspath(path))
+
+    def _refused(self, arg: Any, below_only: bool = False) -> bool:
+        if isinstance(arg, int):
+            return False
+        name = os.path.abspath(os.fsdecode(arg))
+        if not below_only and name in self.denied:
+            return True
+        return any(name.startswith(d + os.sep) for d in self.dirs)  # no search permission on a parent
+
+    def _patch(self) -> None:
+        def deny(fn: Any, below_only: bool = False) -> Any:
+            def wrapper(path: Any = ".", *args: Any, **kwargs: Any) -> Any:
+                if self._refused(path, below_only):
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(path))
+                return fn(path, *args, **kwargs)
+
+            return wrapper
+
+        real_open = io.open
+        for module, name in ((builtins, "open"), (io, "open")):
+            self.monkeypatch.setattr(module, name, deny(real_open))
+        for name in ("open", "scandir", "listdir"):
+            self.monkeypatch.setattr(os, name, deny(getattr(os, name)))
+        for name in ("stat", "lstat"):  # a stat needs search permission on the parent only
+            self.monkeypatch.setattr(os, name, deny(getattr(os, name), below_only=True))
+
+    def restore(self) -> None:
+        self.monkeypatch.undo()
+        for p in self.paths:
+            p.chmod(0o755)
+
+
 @pytest.fixture
-def unreadable() -> Iterator[list[Path]]:
-    """Paths to chmod 000; skipped where this user reads them anyway (root)."""
-    paths: list[Path] = []
-    yield paths
-    for p in paths:
-        p.chmod(0o755)
-
-
-def make_unreadable(paths: list[Path], path: Path) -> None:
-    path.chmod(0)
-    paths.append(path)
-    if os.access(path, os.R_OK):
-        pytest.skip("this user reads files whatever their mode (root with CAP_DAC_OVERRIDE)")
+def unreadable(monkeypatch: pytest.MonkeyPatch) -> Iterator[Unreadable]:
+    """`unreadable(path)`: that path cannot be read, listed or entered, for root too."""
+    made = Unreadable(monkeypatch)
+    yield made
+    made.restore()
 
 
 # -- our run dir: the files -----------------------------------------------------
@@ -291,13 +340,13 @@ def test_a_directory_where_a_file_belongs_is_named(tmp_path: Path, which: str) -
 
 
 @pytest.mark.parametrize("which", ["requests", "predictions", "manifest.json", "run dir"])
-def test_an_unreadable_file_or_directory_is_named(tmp_path: Path, unreadable: list[Path], which: str) -> None:
+def test_an_unreadable_file_or_directory_is_named(tmp_path: Path, unreadable: Unreadable, which: str) -> None:
     run = tmp_path / "run"
     run.mkdir()
     run_dir(run, dump(request_row_of(req())), dump(pred()))
     (run / "manifest.json").write_bytes(b'{"format": "evalreplay/1", "model": "m"}')
     target = {"run dir": run, "manifest.json": run / "manifest.json"}.get(which, run / f"t-{which}.jsonl")
-    make_unreadable(unreadable, target)
+    unreadable(target)
     message = load_error(run)
     assert message.startswith(f"{target}: cannot "), message
     assert "Permission denied (check its permissions)" in message, message
@@ -604,13 +653,13 @@ def test_a_baseline_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     assert read_baseline(path)["qa"].scores == {"q": 1.0}
 
 
-def test_a_baseline_directory_or_unreadable_file_is_named(tmp_path: Path, unreadable: list[Path]) -> None:
+def test_a_baseline_directory_or_unreadable_file_is_named(tmp_path: Path, unreadable: Unreadable) -> None:
     path = tmp_path / "baseline.json"
     path.mkdir()
     assert "cannot read the baseline: Is a directory" in baseline_error(path)
     path.rmdir()
     path.write_bytes(tasks({"metrics": {}}))
-    make_unreadable(unreadable, path)
+    unreadable(path)
     assert "Permission denied (check its permissions)" in baseline_error(path)
 
 

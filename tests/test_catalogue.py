@@ -302,6 +302,26 @@ CASES: dict[str, Case] = {
         message="note: baseline not updated: ",
     ),
     "manifest.json is a directory": Case(prepare="manifest-dir", ret=OK, message="manifest.json"),
+    # Links planted at the plugin's own names (#18 case 12): refused, their targets untouched
+    # (the test checks the target: see `prepare`).
+    "a link at a task's lock file": Case(
+        prepare="link:.t.lock", message="run/.t.lock is a symbolic link (to "
+    ),
+    "a link at the session lock": Case(
+        prepare="link:.evalreplay-session.lock",
+        message="the plugin never follows a link inside its output dir, so it neither writes nor deletes",
+    ),
+    "a link at the manifest lock": Case(prepare="link:.manifest.lock", message="remove the link (rm "),
+    "a link at the chunk locks folder": Case(
+        prepare="dirlink:.evalreplay-locks", message="run/.evalreplay-locks is a symbolic link"
+    ),
+    "a link at the progress folder": Case(
+        prepare="dirlink:.evalreplay-progress", message="run/.evalreplay-progress is a symbolic link"
+    ),
+    "a file at the chunk locks folder": Case(
+        prepare="file:.evalreplay-locks",
+        message="run/.evalreplay-locks: expected a folder of the plugin's here, found a file; remove it",
+    ),
 }
 
 
@@ -354,6 +374,28 @@ def prepare(pytester: pytest.Pytester, case: Case) -> None:
         (pytester.path / "base.json").write_text('{"format": "evalreplay-baseline/1", "tasks": []}')
     elif what == "manifest-dir":
         (out / "manifest.json").mkdir(parents=True)
+    elif what.startswith(("link:", "dirlink:", "file:")):
+        kind, name = what.split(":")
+        out.mkdir()
+        target = pytester.path / "precious"
+        if kind == "dirlink":
+            target.mkdir()
+            (target / "keep.json").write_text("{}")
+            (target / "t.1.lock").write_text("not a lock")
+        else:
+            target.write_text("do not touch")
+        if kind == "file":
+            (out / name).write_text("not a folder")
+        else:
+            (out / name).symlink_to(target, target_is_directory=kind == "dirlink")
+
+
+def precious(pytester: pytest.Pytester) -> dict[str, bytes]:
+    """What a planted link points to (see `prepare`): it must stay as it was."""
+    target = pytester.path / "precious"
+    if target.is_dir():
+        return {p.name: p.read_bytes() for p in sorted(target.iterdir())}
+    return {target.name: target.read_bytes()} if target.exists() else {}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -366,7 +408,9 @@ def test_a_bad_input_gets_a_message_naming_it(pytester: pytest.Pytester, name: s
         if (pytester.path / "run").is_dir()
         else {}
     )
+    targets = precious(pytester)
     result = pytester.runpytest("--evalreplay-output=run", *case.args, no_reraise_ctrlc=True)
+    assert precious(pytester) == targets, "a link's target was changed"
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == case.ret, text
     assert case.message in text, text
