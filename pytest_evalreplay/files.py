@@ -37,8 +37,24 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 SYNC_SECONDS = 0.5  # the longest an appended row waits for its fsync
 # The process umask, read once: files written atomically get the mode a plain
 # open() would give them, not mkstemp's private 0600.
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+
+
+def _process_umask() -> int:
+    """The umask, read without changing process state (Linux: /proc/self/status);
+    set and restored only where the OS does not say."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _process_umask()
 
 
 def os_error(path: Path, exc: OSError, doing: str) -> EvalReplayError:

@@ -15,7 +15,7 @@ from pytest_evalreplay import gates
 from pytest_evalreplay.context import Run, RunContext
 from pytest_evalreplay.metrics import TaskOutcome
 from pytest_evalreplay.model import EvalReplayError
-from pytest_evalreplay.rundir import write_manifest
+from pytest_evalreplay.rundir import manifest_lock, write_manifest
 
 
 @dataclass(frozen=True)
@@ -95,9 +95,7 @@ def finish_runs(ctx: RunContext, runs: Mapping[str, Run], rootdir: Path) -> dict
             ctx.note(f"baseline {ctx.settings.baseline} updated for: {', '.join(sorted(entries))}")
     out = ctx.output_resolved
     if docs and out is not None:
-        from filelock import FileLock
-
-        with FileLock(str(out / ".manifest.lock")):
+        with manifest_lock(out):
             write_manifest(out, ctx.model(), ctx.provider_identity, list(docs))
     return docs
 

@@ -24,6 +24,7 @@ from pytest_evalreplay.rundir import PROGRESS_DIR
 
 TTY_INTERVAL = 0.25
 WORKER_FILE = re.compile(r"gw[0-9]+\.json")  # a progress file's name: the xdist worker id
+_PROGRESS_KEYS = ("task", "elapsed", "requests", "total", "samples", "total_samples", "failures", "tokens")
 PREFIX = "evalreplay: "
 
 
@@ -237,14 +238,16 @@ class ProgressWatcher:
 
     def poll(self) -> list[str]:
         lines = []
-        try:
-            paths = sorted(self.folder.glob("*.json"))
+        try:  # only the workers' own files: anything else in the folder is not ours to read
+            paths = sorted(p for p in self.folder.iterdir() if WORKER_FILE.fullmatch(p.name))
         except OSError:
             return lines
         for path in paths:
             try:
                 doc = orjson.loads(path.read_bytes())
             except (OSError, orjson.JSONDecodeError):
+                continue
+            if not isinstance(doc, dict) or not all(k in doc for k in _PROGRESS_KEYS):
                 continue
             seq = doc.get("seq", 0)
             if doc.get("done") or self._seen.get(path.stem) == seq:

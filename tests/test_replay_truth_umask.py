@@ -20,11 +20,6 @@ print(calls)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status is Linux's")
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs pytest_evalreplay/files.py to read _UMASK from /proc/self/status (issue 18 case 20); "
-    "remove this marker with that change",
-)
 def test_importing_the_plugin_does_not_toggle_the_umask() -> None:
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
