@@ -203,15 +203,11 @@ class EloRun(Rollouts):
 
     def _run_stage(self, stage: int) -> None:
         recorder = self.recorder
-        with recorder.chunk_locked(f"stage-{stage}"):
+        unit = f"stage-{stage}"
+        with recorder.chunk_locked(unit):
             recorder.flush()  # and read what peers wrote
             record = self.log().stages.get(stage)
-            if (
-                record is not None
-                and record.complete
-                and record.completed_by == self.ctx.run_id
-                and record.fingerprint == self.fingerprints[stage - 1]
-            ):
+            if recorder.done_in_this_run(unit) and record is not None:  # a peer of this run drove it
                 self.plans[stage] = StagePlan(tuple(record.references), record.prior_rating)
             else:
                 plan = self._plan(stage)
@@ -219,6 +215,7 @@ class EloRun(Rollouts):
                 self.ensure_generated(k for k in keys if k in self.decisions.run)
                 self._judge(stage, plan)
                 self._complete(stage)
+                recorder.mark_done(unit)
         self.done.add(stage)
 
     def _plan(self, stage: int) -> StagePlan:
@@ -319,6 +316,14 @@ class EloRun(Rollouts):
             self.ctx.note(f"{self.name}: stage {stage} has no judged pair and stays incomplete")
             return
         fit = ratings.fit(upto=stage)
+        record = self.log().stages.get(stage)
+        if (
+            record is not None
+            and record.complete
+            and record.fingerprint == self.fingerprints[stage - 1]
+            and _same_rating(record.rating, fit.rating)
+        ):
+            return  # kept as recorded: the journal says it already
         self.recorder.add(
             [complete_row(stage, fit.rating, fit.se, self.fingerprints[stage - 1], self.ctx.run_id)]
         )

@@ -39,7 +39,7 @@ SYNC_SECONDS = 0.5  # the longest an appended row waits for its fsync
 # open() would give them, not mkstemp's private 0600.
 
 
-def _process_umask() -> int:
+def process_umask() -> int:
     """The umask, read without changing process state (Linux: /proc/self/status);
     set and restored only where the OS does not say."""
     try:
@@ -54,7 +54,7 @@ def _process_umask() -> int:
     return mask
 
 
-_UMASK = _process_umask()
+_UMASK = process_umask()
 
 
 def os_error(path: Path, exc: OSError, doing: str) -> EvalReplayError:

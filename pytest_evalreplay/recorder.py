@@ -82,6 +82,20 @@ class TaskRecorder:
         with NoFollowLock(locks / f"{self.task}.{chunk}.lock"):
             yield
 
+    def done_in_this_run(self, unit: str) -> bool:
+        """Whether a process of this run finished `unit` (a whole stage, say)
+        that left nothing new in the journal to tell by (call under its lock)."""
+        path = own_dir(self.directory / rundir.LOCKS_DIR) / f"{self.task}.{unit}.done"
+        try:
+            return path.read_bytes() == self.run.encode()
+        except OSError:
+            return False
+
+    def mark_done(self, unit: str) -> None:
+        """Record that this run finished `unit` (see `done_in_this_run`)."""
+        path = own_dir(self.directory / rundir.LOCKS_DIR) / f"{self.task}.{unit}.done"
+        atomic_write(path, self.run.encode())
+
     # -- reading -----------------------------------------------------------------
 
     def read_snapshot(self) -> JournalIndex:

@@ -31,7 +31,15 @@ try:
 except ImportError:  # Windows: no flock; workers' claims are not taken there
     fcntl = None  # type: ignore[assignment]
 
-from pytest_evalreplay.files import NoFollowLock, atomic_write, link_error, not_own_dir, os_error, refuse_link
+from pytest_evalreplay.files import (
+    NoFollowLock,
+    atomic_write,
+    link_error,
+    not_own_dir,
+    os_error,
+    process_umask,
+    refuse_link,
+)
 from pytest_evalreplay.journal import GenRef, JournalIndex
 from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome
 from pytest_evalreplay.model import EvalReplayError, Generation, RequestKey
@@ -214,17 +222,40 @@ def prepare_output_dir(directory: Path) -> None:
             f"--evalreplay-output {directory} exists and is not a directory; "
             "pass a directory (ini evalreplay_output)"
         )
-    created = not os.path.lexists(directory)
     try:
+        if not os.path.lexists(directory):
+            _create_tagged(directory)
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise os_error(directory, exc, "create the output dir") from None
     if not os.access(directory, os.W_OK | os.X_OK):
         raise EvalReplayError(f"--evalreplay-output {directory}: not writable; check its permissions")
-    if created:
-        atomic_write(directory / "CACHEDIR.TAG", CACHEDIR_TAG)
-        atomic_write(directory / ".gitignore", GITIGNORE)
     refuse_own_links(directory)
+
+
+def _create_tagged(directory: Path) -> None:
+    """The output dir with its tags, made whole in a private temporary dir and
+    renamed into place (as pytest makes its cache dir), so a kill never leaves
+    an untagged dir that a later run would take for the user's."""
+    import shutil
+    import tempfile
+
+    parent = directory.parent
+    if not parent.is_dir():
+        if os.path.lexists(parent):  # a file on the way: the OS's own error, naming it
+            directory.mkdir(parents=True)
+        parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    try:
+        (staging / "CACHEDIR.TAG").write_bytes(CACHEDIR_TAG)
+        (staging / ".gitignore").write_bytes(GITIGNORE)
+        staging.chmod(0o777 & ~process_umask())
+        os.rename(staging, directory)
+    except OSError:
+        if not directory.is_dir():  # not another process that made it first
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def refuse_own_links(directory: Path) -> None:

@@ -29,7 +29,6 @@ class StageRecord:
     complete: bool = False
     rating: float | None = None
     se: float | None = None
-    completed_by: str | None = None  # the run of the newest `complete` record
 
 
 @dataclass
@@ -84,7 +83,6 @@ class StageLog:
                     rating, se = row.get("rating"), row.get("se")
                     record.rating = float(rating) if isinstance(rating, (int, float)) else None
                     record.se = float(se) if isinstance(se, (int, float)) else None
-                    record.completed_by = str(row.get("run"))
             else:
                 raise EvalReplayError(f"{where}: unknown stage record kind {kind!r}")
         return log
