@@ -76,7 +76,9 @@ def expected_score(text: str, version: int) -> float:
 
 
 class ResumeModel(RuleBasedStateMachine):
-    """The model: which prompt each key's journaled generations answered."""
+    """The model: which prompt each key's journaled generations answered. No run
+    but --evalreplay-reset discards one (a plain run appends, and its compaction
+    keeps the newest generation of each prompt)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -137,9 +139,7 @@ class ResumeModel(RuleBasedStateMachine):
             assert not new & before, f"asked again for rollouts the journal holds: {sorted(new & before)}"
             assert new == selected - before
         else:
-            assert new == selected
-            if full:
-                self.gens = {}
+            assert new == selected  # a plain run regenerates what it selects and discards nothing
         for key in new:
             self.gens.setdefault(key, set()).add(self.prompt_version)
         self.finished = True
@@ -151,8 +151,6 @@ class ResumeModel(RuleBasedStateMachine):
         new = {(iid, r) for iid, r, _ in self.asked()[asked:]}
         if resume:
             assert not new & before
-        elif new:
-            self.gens = {}
         # The generation chunk completed (its rows committed) before any item was scored.
         for key in new:
             self.gens.setdefault(key, set()).add(self.prompt_version)
@@ -160,9 +158,7 @@ class ResumeModel(RuleBasedStateMachine):
 
     @rule(resume=st.booleans())
     def killed_at_the_provider(self, resume: bool) -> None:
-        result = self.run(*(["--resume"] if resume else []), KILL_AT_CALL="1")
-        if not resume and result.returncode != 0:
-            self.gens = {}  # a full run without --resume started the journal afresh before the call
+        result = self.run(*(["--resume"] if resume else []), KILL_AT_CALL="1")  # nothing is discarded
         self.finished = result.returncode in (0, 5)
 
     @rule()
