@@ -19,6 +19,7 @@ import scipy.stats  # noqa: F401
 sys.path.insert(0, str(Path(__file__).parent))
 
 from llm_fixtures import ENGINE_ARGS, build_tiny_llama
+from unreadable import Unreadable
 
 
 def _need_vllm() -> None:
@@ -57,3 +58,11 @@ def vllm_provider(tiny_llama: Path, engine_args: dict[str, Any]) -> Iterator[Any
         yield provider
     finally:
         provider.close()
+
+
+@pytest.fixture
+def unreadable(monkeypatch: pytest.MonkeyPatch) -> Iterator[Unreadable]:
+    """`unreadable(path)`: that path cannot be read, listed or entered, for root too."""
+    made = Unreadable(monkeypatch)
+    yield made
+    made.restore()

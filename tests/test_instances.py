@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from unreadable import Unreadable
 
 from pytest_evalreplay import EvalReplayError
 from pytest_evalreplay.formats import lm_eval, olmo_eval
@@ -93,15 +93,13 @@ def test_ids_with_newlines_say_what_to_do(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("what", ["missing", "directory", "unreadable"])
-def test_unreadable_instances_files_name_the_path(tmp_path: Path, what: str) -> None:
+def test_unreadable_instances_files_name_the_path(tmp_path: Path, what: str, unreadable: Unreadable) -> None:
     path = tmp_path / "i.jsonl"
     if what == "directory":
         path.mkdir()
     elif what == "unreadable":
         write(path, lines({"id": "a"}))
-        path.chmod(0)
-        if os.access(path, os.R_OK):
-            pytest.skip("this user reads files whatever their mode (root)")
+        unreadable(path)
     message = error(path)
     assert message.startswith(f"{path}: cannot read")
     expected = {
