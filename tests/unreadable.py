@@ -7,6 +7,7 @@ import builtins
 import errno
 import io
 import os
+import pathlib
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,11 @@ class Unreadable:
             self.monkeypatch.setattr(os, name, deny(getattr(os, name)))
         for name in ("stat", "lstat"):  # a stat needs search permission on the parent only
             self.monkeypatch.setattr(os, name, deny(getattr(os, name), below_only=True))
+        accessor = getattr(pathlib, "_NormalAccessor", None)  # Python 3.10's pathlib bound these at import
+        if accessor is not None:
+            for name, below_only in (("open", False), ("listdir", False), ("scandir", False), ("stat", True)):
+                patched = staticmethod(deny(getattr(accessor, name), below_only))
+                self.monkeypatch.setattr(accessor, name, patched)
 
     def restore(self) -> None:
         self.monkeypatch.undo()
