@@ -26,6 +26,7 @@ from pytest_evalreplay.metrics import TaskOutcome
 from pytest_evalreplay.model import RolloutResult, digest
 from pytest_evalreplay.planning import Decisions
 from pytest_evalreplay.providers import ProviderHost
+from pytest_evalreplay.recorder import TaskRecorder
 from pytest_evalreplay.rundir import prepare_output_dir, refuse_self_replay
 from pytest_evalreplay.settings import Settings
 
@@ -124,6 +125,7 @@ class Run(Protocol):
     selected: list[RolloutKey]
     touched: bool
     gate: Any
+    recorder: TaskRecorder
 
     def status(self) -> Sequence[str]:
         """Lines for the collection report: what this run keeps, replays, redoes."""

@@ -75,7 +75,7 @@ def finish_runs(ctx: RunContext, runs: Mapping[str, Run], rootdir: Path) -> dict
         docs[name] = TaskDoc(
             doc=outcome.to_doc(ctx.run_id),
             instance_scores=outcome.instance_scores,
-            seen=run.recorder.index.offset,  # type: ignore[attr-defined]
+            seen=run.recorder.index.offset,
             changed_request=d.changed_request,
             changed_provider=d.changed_provider,
             failed_before=len(d.failed),

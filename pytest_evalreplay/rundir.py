@@ -90,39 +90,40 @@ def write_task(
     """Write a task's three files from its outcome and journal (the caller
     holds the task lock). Only generations the outcome stands on are saved."""
     order = {iid: i for i, iid in enumerate(instance_order)}
-    groups: dict[RequestKey, list[ItemOutcome]] = {}
+    groups: dict[
+        RequestKey, list[tuple[ItemOutcome, GenRef]]
+    ] = {}  # each item with the generation it stands on
     for item in outcome.items:
         if item.gen is not None and item.status != "missing":
-            groups.setdefault((item.key[0], item.key[1]), []).append(item)
+            groups.setdefault((item.key[0], item.key[1]), []).append((item, item.gen))
     keys = sorted(groups, key=lambda k: (order.get(k[1], len(order)), k[1], k[0]))
     for key in keys:
-        groups[key].sort(key=lambda i: i.key[2])
-        for item in groups[key]:
-            check_named_rows(index, item.gen)  # type: ignore[arg-type]
+        groups[key].sort(key=lambda pair: pair[0].key[2])
+        for _, gen in groups[key]:
+            check_named_rows(index, gen)
 
-    def sampling_made_with(items: list[ItemOutcome]) -> dict[str, Any] | None:
+    def sampling_made_with(gens: list[GenRef]) -> dict[str, Any] | None:
         """The sampling a replayed instance's generations were made with, when
         the replay provider said it differs from the one asked (and they agree)."""
-        if index.providers[items[0].gen.provider].get("kind") != "replay":  # type: ignore[union-attr]
+        if index.providers[gens[0].provider].get("kind") != "replay":
             return None  # only replay serves what another sampling made: no read needed
-        made = (index.generation(i.gen).metadata.get(SAVED_SAMPLING) for i in items)  # type: ignore[arg-type]
-        found = {orjson.dumps(sampling) for sampling in made}
+        found = {orjson.dumps(index.generation(gen).metadata.get(SAVED_SAMPLING)) for gen in gens}
         return orjson.loads(found.pop()) if len(found) == 1 else None
 
     # Rows are streamed from the journal into the files, a line at a time, so
     # a large task's texts are never all in memory at once.
     def requests() -> Iterator[dict[str, Any]]:
         for stage, iid in keys:
-            items = groups[(stage, iid)]
-            content = index.request(items[0].gen.request)  # type: ignore[union-attr]
-            if (saved := sampling_made_with(items)) is not None:
-                content = {**content, "sampling": saved}  # type: ignore[dict-item]
-            yield request_row(iid, stage, content, num_samples)  # type: ignore[arg-type]
+            gens = [gen for _, gen in groups[(stage, iid)]]
+            content: dict[str, Any] = dict(index.request(gens[0].request) or {})
+            if (saved := sampling_made_with(gens)) is not None:
+                content["sampling"] = saved
+            yield request_row(iid, stage, content, num_samples)
 
     def predictions() -> Iterator[dict[str, Any]]:
         for stage, iid in keys:
-            items = groups[(stage, iid)]
-            generations = [index.generation(i.gen) for i in items]  # type: ignore[arg-type]
+            pairs = groups[(stage, iid)]
+            generations = [index.generation(gen) for _, gen in pairs]
             if postprocess is not None:
                 generations = [postprocess(g) for g in generations]
             generations = [without_saved_sampling(g) for g in generations]
@@ -131,8 +132,8 @@ def write_task(
                 stage,
                 outcome.model,
                 [g.to_row() for g in generations],
-                [dict(i.scores) if i.status == "ok" and i.scores is not None else None for i in items],
-                [i.key[2] for i in items],
+                [dict(i.scores) if i.status == "ok" and i.scores is not None else None for i, _ in pairs],
+                [i.key[2] for i, _ in pairs],
                 num_samples,
             )
 
