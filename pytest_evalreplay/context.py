@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_evalreplay.gates import BaselineTask, PairedDrop
 from pytest_evalreplay.journal import RolloutKey
 from pytest_evalreplay.metrics import TaskOutcome
 from pytest_evalreplay.model import RolloutResult, digest
@@ -152,6 +153,6 @@ class Run(Protocol):
         """The run dir files from the journal, at the end; nothing more runs."""
         ...
 
-    def paired_drop(self, baseline: Mapping[str, Any]) -> Any:
-        """The gate's paired test against a baseline entry (None: use the instance scores)."""
+    def paired_drop(self, baseline: BaselineTask) -> PairedDrop | None:
+        """The gate's paired test against a baseline entry (None: the instance scores')."""
         ...

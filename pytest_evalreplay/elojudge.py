@@ -36,6 +36,10 @@ from pytest_evalreplay.stages import EloEval
 UNREADABLE_PREFIX = "unreadable verdict: "
 
 
+class UnreadableVerdict(EvalReplayError):
+    """A judging failure because the judge's reply could not be read (counted)."""
+
+
 def judge_files_name(eval_name: str) -> str:
     """The task name of an LLM judge's journal and run dir files."""
     return eval_name + JUDGE_SUFFIX
@@ -168,7 +172,8 @@ class Judging:
                 else:
                     judgments[reference] = [self._call(instance, candidate, ref_text, reference)]
         except EvalReplayError as exc:
-            return Verdicts(None, None, no_answer, str(exc), unreadable + int(UNREADABLE_PREFIX in str(exc)))
+            lost = unreadable + isinstance(exc, UnreadableVerdict)
+            return Verdicts(None, None, no_answer, str(exc), lost)
         return Verdicts({r: mean(v) for r, v in judgments.items()}, judgments, no_answer, None, unreadable)
 
     def _call(self, instance: dict[str, Any], candidate: str, ref_text: str, reference: str) -> float:
@@ -299,16 +304,16 @@ class Judging:
             request = self._request(key, reference, trial, candidate, ref_text)
             jkey = (key[0], request.instance_id, 0)
             gen, fail = recorder.index.standing(jkey, request_digest(request), pv)
+            failed = f"the judge failed on {reference!r} (trial {trial})"
             if gen is None:
                 why = fail.failure.message if fail is not None else "no verdict was recorded"
-                raise EvalReplayError(f"the judge failed on {reference!r} (trial {trial}): {why}")
+                unread = fail is not None and why.startswith(UNREADABLE_PREFIX)  # asked again, then failed
+                raise (UnreadableVerdict if unread else EvalReplayError)(f"{failed}: {why}")
             verdict = judge.verdict(recorder.index.generation(gen).text, trial)
-            if not verdict.readable:
-                unreadable += 1
             if verdict.score is None:
-                raise EvalReplayError(
-                    f"the judge failed on {reference!r} (trial {trial}): {UNREADABLE_PREFIX}{verdict.reason}"
-                )
+                raise UnreadableVerdict(f"{failed}: {UNREADABLE_PREFIX}{verdict.reason}")
+            if not verdict.readable:
+                unreadable += 1  # kept as a tie (unreadable="tie"), still counted
             scores.append(verdict.score)
         return scores, unreadable
 

@@ -32,6 +32,7 @@ from pytest_evalreplay.context import RunContext
 from pytest_evalreplay.elojudge import Judging
 from pytest_evalreplay.elorating import Ratings
 from pytest_evalreplay.fingerprint import describe_change, fingerprint
+from pytest_evalreplay.gates import BaselineTask, PairedDrop
 from pytest_evalreplay.journal import JournalIndex, RolloutKey
 from pytest_evalreplay.metrics import TaskOutcome, item_outcome, task_outcome
 from pytest_evalreplay.model import EvalReplayError, RolloutResult
@@ -71,6 +72,7 @@ class EloRun(Rollouts):
     configs: list[dict[str, Any]] = field(default_factory=list)
     replan_from: int = 1  # stages >= this are planned afresh (their recorded plans are not replayed)
     judging: Judging | None = None
+    ratings: Ratings | None = None  # reads the recorder's index, which refreshes in place
     plans: dict[int, StagePlan] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)  # stages driven to their end in this run
     incomplete: dict[int, list[RolloutKey]] = field(default_factory=dict)  # stage -> items without a result
@@ -124,6 +126,7 @@ class EloRun(Rollouts):
             configs=configs,
             replan_from=replan_from,
             judging=Judging(ctx, eval_, directory, reset=index is None),
+            ratings=ratings,
             lines=lines,
         )
         run.note_unfinished(index)
@@ -134,17 +137,9 @@ class EloRun(Rollouts):
         assert self.eval is not None
         return self.eval
 
-    @property
-    def ratings(self) -> Ratings:
-        return Ratings(
-            self.plan,
-            self.recorder.index,
-            self.stage_tasks,
-            self.elo.num_samples,
-            {name: ref.elo for name, ref in self.elo.references.items()},
-            self.seed,
-            self.ctx.settings.max_attempts,
-        )
+    def _rating(self) -> Ratings:
+        assert self.ratings is not None
+        return self.ratings
 
     def status(self) -> Sequence[str]:
         return [*self.lines, self.unfinished] if self.unfinished else self.lines
@@ -230,7 +225,7 @@ class EloRun(Rollouts):
                     f"and stage {stage} needs its rating: run stage {stage - 1} too (select s{stage - 1}, "
                     "or run without -k)"
                 )
-            prior = self.ratings.fit(upto=stage - 1).rating
+            prior = self._rating().fit(upto=stage - 1).rating
         total = len(self.elo.stages)
         record = self.log().stages.get(stage)
         if record is not None and self._replayable(stage, record.run):
@@ -311,7 +306,7 @@ class EloRun(Rollouts):
         if missing:
             self.incomplete[stage] = missing
             return
-        ratings = self.ratings
+        ratings = self._rating()
         if ratings.table(upto=stage, only=stage).num_judgments == 0:
             self.ctx.note(f"{self.name}: stage {stage} has no judged pair and stays incomplete")
             return
@@ -339,17 +334,17 @@ class EloRun(Rollouts):
             self.ctx.run_id,
             self.ctx.model(),
         )
-        self.outcome = self.ratings.with_rating(base, self.log(), self.plans, len(self.elo.stages))
+        self.outcome = self._rating().with_rating(base, self.log(), self.plans, len(self.elo.stages))
         return self.outcome
 
     def before_finish(self) -> None:
         assert self.judging is not None
         self.judging.write_files()  # no stage is driven at the end
 
-    def paired_drop(self, baseline: Mapping[str, Any]) -> Any:
-        if not baseline.get("elo"):
+    def paired_drop(self, baseline: BaselineTask) -> PairedDrop | None:
+        if not baseline.elo:
             return None
-        return self.ratings.paired_drop(baseline["elo"], len(self.elo.stages))
+        return self._rating().paired_drop(baseline.elo, len(self.elo.stages))
 
 
 # -- registration --------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def judge_gate(
     gate = run.gate
     paired = None
     if gate.max_drop is not None and baseline is not None:
-        paired = run.paired_drop({"elo": baseline.elo} if baseline.elo else {})
+        paired = run.paired_drop(baseline)
     return gates.evaluate(
         task=run.name,
         gate=gate,

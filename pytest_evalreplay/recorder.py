@@ -85,16 +85,17 @@ class TaskRecorder:
     def done_in_this_run(self, unit: str) -> bool:
         """Whether a process of this run finished `unit` (a whole stage, say)
         that left nothing new in the journal to tell by (call under its lock)."""
-        path = own_dir(self.directory / rundir.LOCKS_DIR) / f"{self.task}.{unit}.done"
         try:
-            return path.read_bytes() == self.run.encode()
+            return self._done_path(unit).read_bytes() == self.run.encode()
         except OSError:
             return False
 
     def mark_done(self, unit: str) -> None:
         """Record that this run finished `unit` (see `done_in_this_run`)."""
-        path = own_dir(self.directory / rundir.LOCKS_DIR) / f"{self.task}.{unit}.done"
-        atomic_write(path, self.run.encode())
+        atomic_write(self._done_path(unit), self.run.encode())
+
+    def _done_path(self, unit: str) -> Path:
+        return own_dir(self.directory / rundir.LOCKS_DIR) / f"{self.task}.{unit}.done"
 
     # -- reading -----------------------------------------------------------------
 
@@ -147,19 +148,20 @@ class TaskRecorder:
 
     def _write(self) -> None:
         with self.locked():
-            self._prepare()
+            self._append_buffer()
+
+    def _append_buffer(self) -> None:
+        """Write the buffered rows in one write (the caller holds the task lock)."""
+        self._prepare()
+        if self._buffer:
             journal.append_durably(self.path, journal.encode(self._buffer))
-        self._buffer.clear()
+            self._buffer.clear()
         self._first_unsaved = None
 
     def flush(self) -> None:
         """Write what is buffered, fsync what this process wrote, and catch up."""
         with self.locked():
-            self._prepare()
-            if self._buffer:
-                journal.append_durably(self.path, journal.encode(self._buffer))
-                self._buffer.clear()
-            self._first_unsaved = None
+            self._append_buffer()
             journal.sync(self.path)
             self.index.refresh()
 

@@ -4,14 +4,14 @@ runs (so pytest-xdist spreads scoring), and write the run dir at the end."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pytest_evalreplay import planning
 from pytest_evalreplay.context import RunContext
 from pytest_evalreplay.execution import score_generation
+from pytest_evalreplay.gates import BaselineTask, PairedDrop
 from pytest_evalreplay.journal import GenRef, RolloutKey, ScoreRef
 from pytest_evalreplay.metrics import TaskOutcome, task_outcome
 from pytest_evalreplay.model import Generation, RolloutResult
@@ -156,5 +156,5 @@ class TaskRun(Rollouts):
             if gen is not None and self._kept_scores(key, gen) is None:
                 self._score(key, index.generation(gen), gen.run)
 
-    def paired_drop(self, baseline: Mapping[str, Any]) -> Any:
-        return None
+    def paired_drop(self, baseline: BaselineTask) -> PairedDrop | None:
+        return None  # the gate pairs the instance scores
