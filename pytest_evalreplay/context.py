@@ -39,6 +39,9 @@ class ProgressSink:
 
     def update(self, task: str, requests: int, samples: int, failures: int, tokens: int) -> None: ...
 
+    def metric(self, task: str, text: str) -> None:
+        """The task's first metric over what is scored so far, shown with the next update."""
+
     def end(self, task: str) -> None: ...
 
 

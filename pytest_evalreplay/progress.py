@@ -40,21 +40,25 @@ class ProgressSnapshot:
     total_samples: int
     failures: int
     tokens: int
+    metric: str = ""  # the task's first metric over what is scored so far, e.g. "acc=0.625"
 
 
 def progress_line(snap: ProgressSnapshot, width: int | None = None, prefix: str = PREFIX) -> str:
     """The progress line, in at most `width` characters: a line that wraps
     adds a line per update instead of rewriting one, so fields are dropped,
     least useful first (samples, tok/s, elapsed, the "evalreplay:" prefix,
-    ETA, failures), then the task name is cut; requests done/total stay."""
+    ETA, the running metric, failures), then the task name is cut; requests
+    done/total stay."""
     samples = f"({snap.samples:,}/{snap.total_samples:,} samples)"
     fields: list[tuple[str, str]] = [("failed", f"{snap.failures:,} failed")]  # most useful first
+    if snap.metric:
+        fields.append(("metric", snap.metric))
     if snap.tokens and snap.elapsed > 0:
         fields.append(("rate", f"{snap.tokens / snap.elapsed:,.0f} tok/s"))
     fields.append(("elapsed", f"{_clock(snap.elapsed)} elapsed"))
     if 0 < snap.done < snap.total and snap.elapsed > 0:
         fields.append(("eta", f"ETA {_clock(snap.elapsed * (snap.total - snap.done) / snap.done)}"))
-    drop_order = ["samples", "rate", "elapsed", "prefix", "eta", "failed"]
+    drop_order = ["samples", "rate", "elapsed", "prefix", "eta", "metric", "failed"]
     kept = {"samples", "prefix", *(name for name, _ in fields)}
     task = snap.task
 
@@ -102,6 +106,7 @@ class TerminalProgress:
         self._state: dict[
             str, tuple[float, float, int, int]
         ] = {}  # task -> (start, last shown, req, samples)
+        self._metric: dict[str, str] = {}
 
     def start(self, task: str, requests: int, samples: int) -> None:
         now = time.monotonic()
@@ -115,8 +120,21 @@ class TerminalProgress:
         if now - last < self.interval:
             return
         self._state[task] = (start, now, total, total_samples)
-        snap = ProgressSnapshot(task, now - start, requests, total, samples, total_samples, failures, tokens)
+        snap = ProgressSnapshot(
+            task,
+            now - start,
+            requests,
+            total,
+            samples,
+            total_samples,
+            failures,
+            tokens,
+            self._metric.get(task, ""),
+        )
         self._show(progress_line(snap, self.width()), False)
+
+    def metric(self, task: str, text: str) -> None:
+        self._metric[task] = text
 
     def end(self, task: str) -> None:
         state = self._state.pop(task, None)
@@ -154,6 +172,7 @@ class FileProgress:
         self.worker = worker
         self.interval = interval
         self._start: dict[str, tuple[float, int, int]] = {}
+        self._metric: dict[str, str] = {}
         self._last = 0.0
 
     def _write(self, doc: dict[str, Any]) -> None:
@@ -181,10 +200,14 @@ class FileProgress:
                 "total_samples": total_samples,
                 "failures": failures,
                 "tokens": tokens,
+                "metric": self._metric.get(task, ""),
                 "elapsed": now - start,
                 "seq": now,
             }
         )
+
+    def metric(self, task: str, text: str) -> None:
+        self._metric[task] = text
 
     def end(self, task: str) -> None:
         self._start.pop(task, None)
@@ -262,6 +285,7 @@ class ProgressWatcher:
                 doc["total_samples"],
                 doc["failures"],
                 doc["tokens"],
+                doc["metric"] if isinstance(doc.get("metric"), str) else "",
             )
             lines.append(progress_line(snap, self.width(), prefix=f"{PREFIX}[{path.stem}] "))
         return lines

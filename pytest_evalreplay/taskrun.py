@@ -4,7 +4,7 @@ runs (so pytest-xdist spreads scoring), and write the run dir at the end."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from pytest_evalreplay.task import EvalTask
 class TaskRun(Rollouts):
     results: dict[RolloutKey, RolloutResult] = field(default_factory=dict)  # computed, not yet reported
     resolved: set[RolloutKey] = field(default_factory=set)  # scored or failed by this process
+    running: tuple[str, float, int] | None = None  # the first metric: name, sum, count so far
 
     @classmethod
     def register(
@@ -77,6 +78,7 @@ class TaskRun(Rollouts):
         scores, error = score_generation(task, task.instance(key[1]), generation)
         self.recorder.add(self.recorder.score(key, of, scores, error))
         self.resolved.add(key)
+        self._tally(scores)
         return self.result_of(
             key,
             generation=generation,
@@ -99,10 +101,21 @@ class TaskRun(Rollouts):
         saved = self._kept_scores(key, gen)
         if saved is not None and saved.scores is not None:
             self.resolved.add(key)
+            self._tally(saved.scores)
             return self.result_of(
                 key, generation=self.task.postprocess(index.generation(gen)), scores=dict(saved.scores)
             )
         return self._score(key, index.generation(gen), gen.run)
+
+    def _tally(self, scores: Mapping[str, float] | None) -> None:
+        """The running value of the task's first metric, for the progress line."""
+        if not scores:
+            return
+        name, total, count = self.running or (next(iter(scores)), 0.0, 0)
+        if name not in scores:
+            return
+        self.running = (name, total + float(scores[name]), count + 1)
+        self.ctx.progress.metric(self.name, f"{name}={self.running[1] / self.running[2]:.3f}")
 
     def rescore_reused(self) -> list[RolloutKey]:
         done = [key for key in self.decisions.reuse if self._score_reused(key).ok]

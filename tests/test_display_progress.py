@@ -3,6 +3,7 @@ update rewrites one line in place instead of wrapping onto a new one."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -50,6 +51,26 @@ def test_drop_order():
             if field not in line and field not in order:
                 order.append(field)
     assert order == ["samples", "tok/s", "elapsed", "evalreplay:", "ETA", "failed"]
+
+
+SCORED = dataclasses.replace(BUSY, metric="exact_match=0.625")
+
+
+def test_the_running_metric_is_shown_after_the_failures():
+    line = progress_line(SCORED)
+    assert "1,234 failed, exact_match=0.625, 26,514 tok/s" in line
+
+
+def test_the_running_metric_outlasts_every_field_but_failures_and_requests():
+    full = progress_line(SCORED)
+    order = []
+    for width in range(len(full), 30, -1):
+        line = progress_line(SCORED, width)
+        for field in ("samples", "tok/s", "elapsed", "evalreplay:", "ETA", "exact_match", "failed"):
+            if field not in line and field not in order:
+                order.append(field)
+    assert order == ["samples", "tok/s", "elapsed", "evalreplay:", "ETA", "exact_match", "failed"]
+    assert "exact_match=0.625" in progress_line(dataclasses.replace(SCORED, task="gsm8k"), 79)
 
 
 class _Writer:

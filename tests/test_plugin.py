@@ -286,6 +286,20 @@ def test_progress_lines_appear_in_a_log_and_not_under_q(pytester, project):
     assert "requests (" not in result.stdout.str()
 
 
+def test_the_progress_line_shows_a_running_value_of_the_first_metric(pytester, project):
+    """The line shows the task's first metric over what is scored so far:
+    here the first chunk's item, while the second chunk generates."""
+    project(n=2)
+    pytester.makeini("[pytest]\nevalreplay_provider = counting\nevalreplay_progress_interval = 0\n")
+    result = run(pytester, "--evalreplay-batch-size=1")
+    result.stdout.fnmatch_lines(
+        [
+            "evalreplay: qa: 1/1 requests (1/1 samples), 0 failed, * elapsed",
+            "evalreplay: qa: 1/1 requests (1/1 samples), 0 failed, right_for_even=*, * elapsed",
+        ]
+    )
+
+
 def test_default_output_is_under_the_cache_dir(pytester, project):
     project(n=1)
     pytester.runpytest().assert_outcomes(passed=1)
