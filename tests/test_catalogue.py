@@ -4,7 +4,10 @@ Each case runs pytest (pytester, in process) and asserts the message names
 what is wrong and where, that no INTERNALERROR and no traceback of the
 plugin's own code reaches the user, and that nothing saved was lost.
 The readers' own cases (run dirs, foreign layouts, instances files) are in
-tests/test_bad_inputs.py and tests/test_fuzz_readers.py."""
+tests/test_bad_inputs.py and tests/test_fuzz_readers.py; an openai server's
+(no model list, credentials in a URL, answers without text, failing every
+POST) in tests/test_openai_faults.py, against a local HTTP server; a replay
+that asks other sampling than was saved in tests/test_replay_truth.py."""
 
 from __future__ import annotations
 
@@ -120,6 +123,19 @@ CASES: dict[str, Case] = {
         message="--evalreplay-batch-size (ini evalreplay_batch_size) must be a whole number >= 1",
     ),
     "resume stage 0": Case(("--resume-stage=0",), message="--resume-stage takes a stage number >= 1"),
+    "resume stage with no EloEval": Case(
+        ("--resume-stage=99",), message="--resume-stage=99: no multi-stage EloEval is selected"
+    ),
+    "replay into itself": Case(
+        ("--evalreplay-predictions=run",),
+        prepare="run",
+        message="replaying a run into itself would overwrite what it replays",
+    ),
+    "output dir inside the replayed run": Case(
+        ("--evalreplay-predictions=saved", "--evalreplay-output=saved/sub"),
+        prepare="saved-run",
+        message="/saved: a replay would write into what it replays",
+    ),
     "update baseline without a file": Case(
         ("--evalreplay-update-baseline",),
         message="--evalreplay-update-baseline needs --evalreplay-baseline=FILE",
@@ -282,6 +298,12 @@ CASES: dict[str, Case] = {
     "journal failure row of an unknown class": Case(
         ("--resume",), prepare="journal-unknown-class", message="not a valid failure row"
     ),
+    "journal request rows deleted by hand": Case(
+        ("--resume",),
+        prepare="journal-no-requests",
+        ret=OK,
+        message="and the journal has no request row of that digest (were rows deleted by hand?)",
+    ),
     "report path is a directory": Case(
         ("--evalreplay-report=run",),
         prepare="report-dir",
@@ -341,10 +363,15 @@ def prepare(pytester: pytest.Pytester, case: Case) -> None:
     what = case.prepare
     if what == "empty-instances":
         (pytester.path / "empty.jsonl").write_text("")
+    elif what in ("run", "saved-run"):
+        pytester.runpytest(f"--evalreplay-output={'run' if what == 'run' else 'saved'}")
     elif what.startswith("journal"):
         pytester.runpytest("--evalreplay-output=run", "-k", "a")
         journal = out / "t-journal.jsonl"
-        if what == "journal-dir":
+        if what == "journal-no-requests":
+            rows = journal.read_bytes().splitlines(keepends=True)
+            journal.write_bytes(b"".join(r for r in rows if orjson.loads(r)["type"] != "request"))
+        elif what == "journal-dir":
             journal.unlink()
             journal.mkdir()
         elif what == "journal-v1":
