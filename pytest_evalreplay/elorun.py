@@ -89,6 +89,7 @@ class EloRun(Rollouts):
         drawn: tuple[int, list[list[str]]],
     ) -> EloRun:
         seed, stage_tasks = drawn
+        all_keys = tuple(all_keys)
         pool = eval_.pool
         pool_digests = {iid: rq for (_, iid), rq in pool.request_digests().items()}
         requests = {(s, tid): pool_digests[tid] for s, tids in enumerate(stage_tasks, 1) for tid in tids}
@@ -96,6 +97,18 @@ class EloRun(Rollouts):
         configs = stage_configs(eval_, seed, pool_digests, ctx.provider_identity)
         fingerprints = [fingerprint(c) for c in configs]
         recorder, index = open_recorder(ctx, eval_.name, plan, len(selected) < len(all_keys), directory)
+        waiting: list[RolloutKey] = []
+        lines: list[str] = []
+        if ctx.settings.shard is not None:
+            first = waiting_from(plan, index, len(stage_tasks), ctx.settings.max_attempts)
+            waiting = [key for key in selected if key[0] >= first]
+            selected = [key for key in selected if key[0] < first]
+            if first <= len(stage_tasks):
+                lines.append(
+                    f"{eval_.name}: stages {first}-{len(stage_tasks)} wait for every shard's stage "
+                    f"{first - 1} (deselected): merge the shard dirs, then run each shard again from a "
+                    "copy of the merged dir (docs/scale.md)"
+                )
         log = StageLog.read(index) if index is not None else StageLog()
         ratings = Ratings(
             plan,
@@ -106,7 +119,7 @@ class EloRun(Rollouts):
             seed,
             ctx.settings.max_attempts,
         )
-        replan_from, lines = _replan_from(
+        replan_from, stage_lines = _replan_from(
             ctx, eval_, log, fingerprints, configs, lambda s: ratings.table(upto=s, only=s).num_judgments
         )
         decisions = _decide(ctx, plan, selected, index, replan_from)
@@ -127,7 +140,8 @@ class EloRun(Rollouts):
             replan_from=replan_from,
             judging=Judging(ctx, eval_, directory, reset=index is None),
             ratings=ratings,
-            lines=lines,
+            lines=[*stage_lines, *lines],
+            waiting=waiting,
         )
         run.note_unfinished(index)
         return run
@@ -398,6 +412,18 @@ def _replan_from(
                 f"{len(record.references)} references [{refs}]"
             )
     return replan_from, lines
+
+
+def waiting_from(plan: TaskPlan, index: JournalIndex | None, stages: int, max_attempts: int) -> int:
+    """A shard's first stage that must wait: the stage after the first one
+    some item of which (any shard's) has no result in the journal as found.
+    A stage is planned from the rating after the one before, which needs
+    every shard's verdicts: a merge brings them together."""
+    for stage in range(1, stages):
+        keys = [key for key in plan.keys if key[0] == stage]
+        if index is None or any(item_outcome(plan, index, k, max_attempts).status == "missing" for k in keys):
+            return stage + 1
+    return stages + 1
 
 
 def _decide(
