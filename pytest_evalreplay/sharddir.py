@@ -16,7 +16,8 @@ from typing import Any
 
 import orjson
 
-from pytest_evalreplay.files import atomic_write, os_error
+from pytest_evalreplay.files import atomic_write, os_error, read_bytes
+from pytest_evalreplay.merge import Merged, ShardDir
 from pytest_evalreplay.model import EvalReplayError, digest
 from pytest_evalreplay.planning import TaskPlan
 from pytest_evalreplay.shard import Shard
@@ -78,3 +79,33 @@ def claim(directory: Path, shard: Shard, tasks: Mapping[str, Mapping[str, Any]])
 def write_merged(directory: Path, shards: list[str], of: int, tasks: Mapping[str, Any]) -> None:
     doc = {"format": FORMAT, "merged": shards, "of": of, "tasks": dict(tasks)}
     atomic_write(directory / MARKER, orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+
+
+def read_shard_dir(directory: Path) -> ShardDir:
+    """A shard dir as the merge takes it: its marker and its journals."""
+    if not directory.is_dir():
+        raise EvalReplayError(f"{directory}: not a directory (pass the shards' --evalreplay-output dirs)")
+    marker = read_marker(directory)
+    if marker is None:
+        raise EvalReplayError(
+            f"{directory} is not a shard dir (no {MARKER}): pass the --evalreplay-output dirs of runs "
+            "made with --evalreplay-shard=K/N"
+        )
+    journals = {p.name: read_bytes(p) for p in sorted(directory.glob("*-journal.jsonl")) if p.is_file()}
+    return ShardDir(str(directory), marker, journals)
+
+
+def write_merged_dir(out: Path, merged: Merged) -> None:
+    """The merged journals and marker in OUT (a new or journal-free dir)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(out, exc, "create") from None
+    held = sorted(p.name for p in out.glob("*-journal.jsonl"))
+    if held:
+        raise EvalReplayError(
+            f"{out} already holds journals ({held[0]}...): merge into a new dir (or delete that one first)"
+        )
+    for name, data in merged.journals.items():
+        atomic_write(out / name, data)
+    write_merged(out, merged.shards, merged.of, merged.tasks)

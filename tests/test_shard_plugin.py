@@ -100,3 +100,104 @@ def test_the_ini_twin(project: pytest.Pytester) -> None:
     result = run(project, "out3")
     result.assert_outcomes(passed=len(owned(3, 3)), deselected=24 - len(owned(3, 3)) + 1)
     assert (Path(project.path) / "out3" / "evalreplay-shard.json").is_file()
+
+
+def merge(p: pytest.Pytester, out: str, *dirs: str) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    from pytest_evalreplay.__main__ import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["merge", str(p.path / out), *(str(p.path / d) for d in dirs)])
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def run_dir(path: Path) -> dict[str, object]:
+    """The run dir files (metrics.json less what the writing session did)."""
+    out: dict[str, object] = {}
+    for f in sorted(path.iterdir()):
+        if f.name.endswith("-metrics.json"):
+            out[f.name] = {k: v for k, v in orjson.loads(f.read_bytes()).items() if k != "session"}
+        elif (
+            f.suffix in (".jsonl", ".json") and "journal" not in f.name and f.name != "evalreplay-shard.json"
+        ):
+            out[f.name] = f.read_bytes()
+    return out
+
+
+def test_merged_shards_resume_to_the_single_run_dir(project: pytest.Pytester) -> None:
+    assert run(project, "single").ret == 0
+    for k in (1, 2, 3):
+        assert run(project, f"s{k}", f"--evalreplay-shard={k}/3").ret == 0
+    code, out, err = merge(project, "merged", "s3", "s1", "s2")
+    assert code == 0, err
+    assert "merged shards 1/3, 2/3, 3/3" in out
+    # Nothing left to generate: --resume needs no provider, writes the run dir and judges the gate.
+    result = project.runpytest("-p", "no:randomly", "--resume", "--evalreplay-output=merged")
+    result.assert_outcomes(passed=1, deselected=24)
+    assert run_dir(project.path / "merged") == run_dir(project.path / "single")
+
+
+def test_a_missing_shard_is_missing_rollouts(project: pytest.Pytester) -> None:
+    for k in (1, 3):
+        assert run(project, f"s{k}", f"--evalreplay-shard={k}/3").ret == 0
+    code, out, _ = merge(project, "merged", "s1", "s3")
+    assert code == 0 and "shard 2/3 is missing" in out
+    # With the provider, --resume generates exactly the missing shard's items.
+    result = run(project, "merged", "--resume")
+    mine = len(owned(2, 3))
+    result.assert_outcomes(passed=mine + 1, deselected=24 - mine)
+    assert orjson.loads((project.path / "merged" / "t-metrics.json").read_bytes())["complete"] is True
+
+
+def test_a_merged_dir_replays(project: pytest.Pytester) -> None:
+    for k in (1, 2):
+        assert run(project, f"s{k}", f"--evalreplay-shard={k}/2").ret == 0
+    assert merge(project, "merged", "s1", "s2")[0] == 0
+    assert project.runpytest("-p", "no:randomly", "--resume", "--evalreplay-output=merged").ret == 0
+    replay = project.runpytest(
+        "-p", "no:randomly", "--evalreplay-predictions=merged", "--evalreplay-output=re"
+    )
+    replay.assert_outcomes(passed=25)
+    replayed, merged = (
+        orjson.loads((project.path / d / "t-metrics.json").read_bytes()) for d in ("re", "merged")
+    )
+    assert replayed["metrics"] == merged["metrics"] and replayed["num_items"] == merged["num_items"] == 24
+
+
+def test_the_merge_refuses_a_shard_given_twice(project: pytest.Pytester) -> None:
+    assert run(project, "s1", "--evalreplay-shard=1/2").ret == 0
+    code, _, err = merge(project, "merged", "s1", "s1")
+    assert code == 2 and "s1 is given twice" in err
+    import shutil
+
+    shutil.copytree(project.path / "s1", project.path / "s1b")
+    code, _, err = merge(project, "merged", "s1", "s1b")
+    assert code == 2 and "shard 1/2 is given twice" in err and "/s1b" in err
+
+
+def test_the_merge_refuses_shards_of_different_configurations(project: pytest.Pytester) -> None:
+    assert run(project, "s1", "--evalreplay-shard=1/2").ret == 0
+    project.makepyfile(test_evals=EVALS.replace('prompt="{id}"', 'prompt="Q: {id}"'))
+    assert run(project, "s2", "--evalreplay-shard=2/2").ret == 0
+    code, _, err = merge(project, "merged", "s1", "s2")
+    assert code == 2
+    assert "s1 and" in err and "s2 are shards of different configurations: task 't'" in err
+    assert "requests" in err
+
+
+def test_a_dir_that_is_no_shard_is_refused(project: pytest.Pytester) -> None:
+    assert run(project, "plain").ret == 0
+    code, _, err = merge(project, "merged", "plain")
+    assert code == 2 and "is not a shard dir (no evalreplay-shard.json)" in err
+
+
+def test_merging_is_independent_of_the_order_of_the_dirs(project: pytest.Pytester) -> None:
+    for k in (1, 2, 3):
+        assert run(project, f"s{k}", f"--evalreplay-shard={k}/3").ret == 0
+    assert merge(project, "a", "s1", "s2", "s3")[0] == 0
+    assert merge(project, "b", "s3", "s2", "s1")[0] == 0
+    j = "t-journal.jsonl"
+    assert (project.path / "a" / j).read_bytes() == (project.path / "b" / j).read_bytes()
