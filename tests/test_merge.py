@@ -87,7 +87,7 @@ def test_shards_of_different_splits_are_refused() -> None:
 def test_shards_of_different_configurations_are_refused(field: str, shown: str) -> None:
     other = {**CONFIG, field: "m2" if field == "model" else ["other"]}
     with pytest.raises(
-        EvalReplayError, match=rf"dir-a and dir-b are shards of different configurations: task 't'.s {re.escape(shown)}"
+        EvalReplayError, match=rf"dir-a and dir-b .*configurations: task 't'.s {re.escape(shown)}"
     ):
         merge([shard("dir-a", "1/2", []), shard("dir-b", "2/2", [], other)])
 
