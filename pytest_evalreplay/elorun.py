@@ -58,6 +58,12 @@ def draw(ctx: RunContext, eval_: EloEval) -> tuple[int, list[list[str]]]:
         seed = recorded_seed(ctx.output_factory(), eval_.name, ctx.snapshot.get(eval_.name))
     if seed is None and ctx.settings.provider == "replay" and ctx.settings.predictions is not None:
         seed = saved_seed(ctx.settings.predictions, eval_.name)
+    if seed is None and ctx.settings.shard is not None:
+        raise EvalReplayError(
+            f"{eval_.name!r} draws its stages' tasks from a seed, and each shard of "
+            f"--evalreplay-shard={ctx.settings.shard} would draw its own: give it EloEval(seed=...) "
+            "(or run the shards from a copy of a merged dir, whose journal records one)"
+        )
     if seed is None:
         seed = ctx.seed
     return seed, eval_.draw(seed)
@@ -104,8 +110,9 @@ class EloRun(Rollouts):
             waiting = [key for key in selected if key[0] >= first]
             selected = [key for key in selected if key[0] < first]
             if first <= len(stage_tasks):
+                later = f"stage {first}" if first == len(stage_tasks) else f"stages {first}-{len(stage_tasks)}"
                 lines.append(
-                    f"{eval_.name}: stages {first}-{len(stage_tasks)} wait for every shard's stage "
+                    f"{eval_.name}: {later} wait for every shard's stage "
                     f"{first - 1} (deselected): merge the shard dirs, then run each shard again from a "
                     "copy of the merged dir (docs/scale.md)"
                 )
