@@ -110,7 +110,8 @@ class EloRun(Rollouts):
             waiting = [key for key in selected if key[0] >= first]
             selected = [key for key in selected if key[0] < first]
             if first <= len(stage_tasks):
-                later = f"stage {first}" if first == len(stage_tasks) else f"stages {first}-{len(stage_tasks)}"
+                last = len(stage_tasks)
+                later = f"stage {first}" if first == last else f"stages {first}-{last}"
                 lines.append(
                     f"{eval_.name}: {later} wait for every shard's stage "
                     f"{first - 1} (deselected): merge the shard dirs, then run each shard again from a "

@@ -240,11 +240,6 @@ class EvalReplayPlugin:
         eval_items = [item for item in items if isinstance(item, TaskItem)]
         if not eval_items:
             return
-        shard = self.settings.shard
-        if shard is not None:  # every shard collects every item; the others' are deselected
-            self._shard_lines = _shard_lines(shard, eval_items)
-            self._drop(config, items, lambda i: _not_this_shard(shard, i))
-            eval_items = [item for item in items if isinstance(item, TaskItem)]
         tasks: dict[str, tuple[Any, list[tuple[int, str, int]]]] = {}
         for item in eval_items:
             entry = tasks.setdefault(item.task.name, (item.task, []))
@@ -255,6 +250,12 @@ class EvalReplayPlugin:
                 )
             if isinstance(item, RolloutItem):
                 entry[1].append(item.key)
+        shard = self.settings.shard
+        if shard is not None:  # every shard collects every item; the others' are deselected
+            self._shard_lines = _shard_lines(shard, eval_items)
+            self._drop(config, items, lambda i: _not_this_shard(shard, i))
+            for name, (_, keys) in tasks.items():
+                keys[:] = [key for key in keys if shard.owns(name, key)]
         collect_only = bool(config.option.collectonly)
         if collect_only and self.settings.provider is None:
             self._unplanned = len(tasks)  # reuse is by provider: without one there is nothing to plan

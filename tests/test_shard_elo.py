@@ -82,6 +82,13 @@ def sharded(p: Project, kill: int | None = None) -> Path:
     return merged
 
 
+def test_a_sharded_elo_eval_needs_a_seed(tmp_path: Path) -> None:
+    p = Project(tmp_path / "p", stages=STAGES, seed="None")
+    result = p.run("--evalreplay-shard=1/2")
+    assert result.returncode == pytest.ExitCode.INTERRUPTED
+    assert "--evalreplay-shard=1/2 would draw its own: give it EloEval(seed=...)" in result.stdout
+
+
 @pytest.mark.slow
 def test_three_shards_end_as_one_process_would(project: Project) -> None:
     single = project.path / "single"
