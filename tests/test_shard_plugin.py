@@ -201,3 +201,20 @@ def test_merging_is_independent_of_the_order_of_the_dirs(project: pytest.Pyteste
     assert merge(project, "b", "s3", "s2", "s1")[0] == 0
     j = "t-journal.jsonl"
     assert (project.path / "a" / j).read_bytes() == (project.path / "b" / j).read_bytes()
+
+
+@pytest.mark.slow
+def test_a_shard_under_xdist_runs_the_same_slice(project: pytest.Pytester) -> None:
+    result = project.runpytest_subprocess(
+        "-p",
+        "no:randomly",
+        "-n",
+        "2",
+        "--evalreplay-provider=echo",
+        "--evalreplay-output=out1",
+        "--evalreplay-shard=1/3",
+    )
+    mine = owned(1, 3)
+    result.assert_outcomes(passed=len(mine))
+    doc = orjson.loads((project.path / "out1" / "t-metrics.json").read_bytes())
+    assert doc["num_missing"] == 24 - len(mine)
