@@ -39,7 +39,7 @@ from pytest_evalreplay.model import EvalReplayError, RolloutResult
 from pytest_evalreplay.planning import Decisions, TaskPlan
 from pytest_evalreplay.rollouts import Rollouts, open_recorder
 from pytest_evalreplay.runschema import task_files
-from pytest_evalreplay.stagelog import StageLog, complete_row, planned_row, seed_row
+from pytest_evalreplay.stagelog import StageLog, complete_row, planned_row, seed_row, wait_for_merge
 from pytest_evalreplay.stages import EloEval, stage_configs
 
 
@@ -105,18 +105,10 @@ class EloRun(Rollouts):
         recorder, index = open_recorder(ctx, eval_.name, plan, len(selected) < len(all_keys), directory)
         waiting: list[RolloutKey] = []
         lines: list[str] = []
-        if ctx.settings.shard is not None:
-            first = waiting_from(plan, index, len(stage_tasks), ctx.settings.max_attempts)
-            waiting = [key for key in selected if key[0] >= first]
-            selected = [key for key in selected if key[0] < first]
-            if first <= len(stage_tasks):
-                last = len(stage_tasks)
-                later = f"stage {first}" if first == last else f"stages {first}-{last}"
-                lines.append(
-                    f"{eval_.name}: {later} wait for every shard's stage "
-                    f"{first - 1} (deselected): merge the shard dirs, then run each shard again from a "
-                    "copy of the merged dir (docs/scale.md)"
-                )
+        if ctx.settings.shard is not None:  # later stages wait for every shard's verdicts
+            selected, waiting, lines = wait_for_merge(
+                eval_.name, plan, index, len(stage_tasks), ctx.settings.max_attempts, selected
+            )
         log = StageLog.read(index) if index is not None else StageLog()
         ratings = Ratings(
             plan,
@@ -420,18 +412,6 @@ def _replan_from(
                 f"{len(record.references)} references [{refs}]"
             )
     return replan_from, lines
-
-
-def waiting_from(plan: TaskPlan, index: JournalIndex | None, stages: int, max_attempts: int) -> int:
-    """A shard's first stage that must wait: the stage after the first one
-    some item of which (any shard's) has no result in the journal as found.
-    A stage is planned from the rating after the one before, which needs
-    every shard's verdicts: a merge brings them together."""
-    for stage in range(1, stages):
-        keys = [key for key in plan.keys if key[0] == stage]
-        if index is None or any(item_outcome(plan, index, k, max_attempts).status == "missing" for k in keys):
-            return stage + 1
-    return stages + 1
 
 
 def _decide(
