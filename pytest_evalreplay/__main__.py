@@ -1,5 +1,7 @@
 """`python -m pytest_evalreplay compare BASE NEW`: compare two saved run dirs
 without pytest (a CI step after the eval job, or a look at two old runs).
+`python -m pytest_evalreplay merge OUT SHARD_DIR...`: join the output dirs of
+`--evalreplay-shard=K/N` runs into one (see docs/scale.md).
 
 Exit status: 0 when the comparison was printed (regressions included: gating
 is the gate item's job), 2 on a bad argument, path or file (one line on stderr).
@@ -69,11 +71,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A",
         help="the paired test's one-sided level, as the gate's alpha (default 0.05: a 90%% interval)",
     )
+    merge = commands.add_parser(
+        "merge",
+        help="join the output dirs of --evalreplay-shard=K/N runs into one",
+        description="Join shard dirs (the --evalreplay-output of each --evalreplay-shard=K/N run) into "
+        "OUT: one journal per task holding every shard's results. Then `pytest --resume "
+        "--evalreplay-output=OUT` writes the run dir from it (generating only what missing shards "
+        "left out), judges the gates and completes an EloEval's stage.",
+    )
+    merge.add_argument("out", type=Path, metavar="OUT", help="the merged dir (new, or without journals)")
+    merge.add_argument("shards", type=Path, nargs="+", metavar="SHARD_DIR", help="the shards' output dirs")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "merge":
+        return merge_main(args.out, args.shards)
     try:
         cmp = compare_run_dirs(args.base, args.new, args.alpha)
         lines = render_text(cmp, top=args.top)
@@ -92,3 +106,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def merge_main(out: Path, shards: Sequence[Path]) -> int:
+    from pytest_evalreplay.merge import merge
+    from pytest_evalreplay.sharddir import read_shard_dir, write_merged_dir
+
+    try:
+        seen: dict[Path, Path] = {}
+        for path in shards:
+            first = seen.setdefault(path.resolve(), path)
+            if first is not path:
+                raise EvalReplayError(f"{path} is given twice ({first} and {path}); pass each shard dir once")
+        merged = merge([read_shard_dir(path) for path in shards])
+        write_merged_dir(out, merged)
+    except EvalReplayError as exc:
+        print(f"{PROG} merge: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    lines = [*merged.notes, f"merged shards {', '.join(merged.shards)} into {out}: {', '.join(merged.tasks)}"]
+    for k in merged.missing:
+        lines.append(
+            f"shard {k}/{merged.of} is missing: its rollouts are missing from {out} (run it and merge "
+            "again, or `pytest --resume` below generates them)"
+        )
+    lines.append(
+        f"next: pytest --resume --evalreplay-output={out} (with the suite) writes the run dir, "
+        "judges the gates and completes an EloEval's stage; --evalreplay-predictions replays it after"
+    )
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0

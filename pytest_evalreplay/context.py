@@ -25,7 +25,7 @@ from pytest_evalreplay.gates import BaselineTask, PairedDrop
 from pytest_evalreplay.journal import RolloutKey
 from pytest_evalreplay.metrics import TaskOutcome
 from pytest_evalreplay.model import RolloutResult, digest
-from pytest_evalreplay.planning import Decisions
+from pytest_evalreplay.planning import Decisions, TaskPlan
 from pytest_evalreplay.providers import ProviderHost
 from pytest_evalreplay.recorder import TaskRecorder
 from pytest_evalreplay.rundir import prepare_output_dir, refuse_self_replay
@@ -125,8 +125,10 @@ class Run(Protocol):
     """One task's part of a session (a plain EvalTask or an EloEval)."""
 
     name: str
+    plan: TaskPlan
     decisions: Decisions
     selected: list[RolloutKey]
+    waiting: list[RolloutKey]  # a shard's items of ELO stages that wait for every shard's stage before
     touched: bool
     gate: Any
     recorder: TaskRecorder

@@ -39,7 +39,7 @@ from pytest_evalreplay.model import EvalReplayError, RolloutResult
 from pytest_evalreplay.planning import Decisions, TaskPlan
 from pytest_evalreplay.rollouts import Rollouts, open_recorder
 from pytest_evalreplay.runschema import task_files
-from pytest_evalreplay.stagelog import StageLog, complete_row, planned_row, seed_row
+from pytest_evalreplay.stagelog import StageLog, complete_row, planned_row, seed_row, wait_for_merge
 from pytest_evalreplay.stages import EloEval, stage_configs
 
 
@@ -58,6 +58,12 @@ def draw(ctx: RunContext, eval_: EloEval) -> tuple[int, list[list[str]]]:
         seed = recorded_seed(ctx.output_factory(), eval_.name, ctx.snapshot.get(eval_.name))
     if seed is None and ctx.settings.provider == "replay" and ctx.settings.predictions is not None:
         seed = saved_seed(ctx.settings.predictions, eval_.name)
+    if seed is None and ctx.settings.shard is not None:
+        raise EvalReplayError(
+            f"{eval_.name!r} draws its stages' tasks from a seed, and each shard of "
+            f"--evalreplay-shard={ctx.settings.shard} would draw its own: give it EloEval(seed=...) "
+            "(or run the shards from a copy of a merged dir, whose journal records one)"
+        )
     if seed is None:
         seed = ctx.seed
     return seed, eval_.draw(seed)
@@ -89,6 +95,7 @@ class EloRun(Rollouts):
         drawn: tuple[int, list[list[str]]],
     ) -> EloRun:
         seed, stage_tasks = drawn
+        all_keys = tuple(all_keys)
         pool = eval_.pool
         pool_digests = {iid: rq for (_, iid), rq in pool.request_digests().items()}
         requests = {(s, tid): pool_digests[tid] for s, tids in enumerate(stage_tasks, 1) for tid in tids}
@@ -96,6 +103,12 @@ class EloRun(Rollouts):
         configs = stage_configs(eval_, seed, pool_digests, ctx.provider_identity)
         fingerprints = [fingerprint(c) for c in configs]
         recorder, index = open_recorder(ctx, eval_.name, plan, len(selected) < len(all_keys), directory)
+        waiting: list[RolloutKey] = []
+        lines: list[str] = []
+        if ctx.settings.shard is not None:  # later stages wait for every shard's verdicts
+            selected, waiting, lines = wait_for_merge(
+                eval_.name, plan, index, len(stage_tasks), ctx.settings.max_attempts, selected
+            )
         log = StageLog.read(index) if index is not None else StageLog()
         ratings = Ratings(
             plan,
@@ -106,7 +119,7 @@ class EloRun(Rollouts):
             seed,
             ctx.settings.max_attempts,
         )
-        replan_from, lines = _replan_from(
+        replan_from, stage_lines = _replan_from(
             ctx, eval_, log, fingerprints, configs, lambda s: ratings.table(upto=s, only=s).num_judgments
         )
         decisions = _decide(ctx, plan, selected, index, replan_from)
@@ -127,7 +140,8 @@ class EloRun(Rollouts):
             replan_from=replan_from,
             judging=Judging(ctx, eval_, directory, reset=index is None),
             ratings=ratings,
-            lines=lines,
+            lines=[*stage_lines, *lines],
+            waiting=waiting,
         )
         run.note_unfinished(index)
         return run

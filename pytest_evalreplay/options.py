@@ -26,6 +26,7 @@ from pytest_evalreplay.settings import (
     DEFAULT_PROGRESS_INTERVAL,
     Settings,
 )
+from pytest_evalreplay.shard import Shard, parse_shard
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,13 @@ OPTIONS: tuple[Option, ...] = (
         "scoring them again (for expensive scorers; a changed scorer is then not noticed)",
     ),
     Option(
+        "shard",
+        "str",
+        "run shard K (1-based) of N: a stable, balanced slice of every task's rollouts, into this "
+        "run's output dir (give each shard its own); python -m pytest_evalreplay merge joins them",
+        "K/N",
+    ),
+    Option(
         "progress-interval",
         "float",
         f"seconds between generation progress lines in a non-terminal log "
@@ -299,6 +307,15 @@ def _resume_stage(raw: Any) -> int | None:
     return value
 
 
+def _shard(raw: Any) -> Shard | None:
+    if raw is None:
+        return None
+    try:
+        return parse_shard(str(raw))
+    except ValueError as exc:
+        raise pytest.UsageError(f"{BY_NAME['shard'].label()} {exc}") from None
+
+
 def _provider_kind(read: _Reader) -> str | None:
     """Saved predictions imply the replay provider, unless a provider is named
     at the same level: command line before ini, and on each level an explicit
@@ -353,6 +370,7 @@ def resolve(config: pytest.Config) -> Settings:
         resume_stage=_resume_stage(read.raw("resume-stage")),
         report_reused=read.flag("report-reused"),
         reuse_scores=read.flag("reuse-scores"),
+        shard=_shard(read.raw("shard")),
         progress_interval=read.number("progress-interval", float, 0.0, DEFAULT_PROGRESS_INTERVAL),
         in_play=in_play,
     )

@@ -18,8 +18,11 @@ from pytest_evalreplay import hookspecs, options
 from pytest_evalreplay.model import EvalReplayError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pytest_evalreplay.report import Summary
     from pytest_evalreplay.session import EvalSession
+    from pytest_evalreplay.shard import Shard
 
 _PLUGIN_NAME = "evalreplay-session"
 
@@ -125,6 +128,7 @@ class EvalReplayPlugin:
         self._deselected_all = False
         self._deselected = 0  # reused items deselected (the rest of the reused run, reported skipped)
         self._unplanned = 0  # tasks collected by --collect-only with no provider chosen
+        self._shard_lines: list[str] = []
 
     # -- lazily built parts ------------------------------------------------------
 
@@ -194,6 +198,8 @@ class EvalReplayPlugin:
         if s.predictions is not None:
             parts.append(f"predictions: {s.predictions}")
         parts.append(f"output: {s.output or 'pytest cache (.pytest_cache/d/evalreplay)'}")
+        if s.shard is not None:
+            parts.append(f"shard: {s.shard}")
         if s.reset:
             mode = "reset"
         elif s.resume_stage is not None:
@@ -244,6 +250,12 @@ class EvalReplayPlugin:
                 )
             if isinstance(item, RolloutItem):
                 entry[1].append(item.key)
+        shard = self.settings.shard
+        if shard is not None:  # every shard collects every item; the others' are deselected
+            self._shard_lines = _shard_lines(shard, eval_items)
+            self._drop(config, items, lambda i: _not_this_shard(shard, i))
+            for name, (_, keys) in tasks.items():
+                keys[:] = [key for key in keys if shard.owns(name, key)]
         collect_only = bool(config.option.collectonly)
         if collect_only and self.settings.provider is None:
             self._unplanned = len(tasks)  # reuse is by provider: without one there is nothing to plan
@@ -258,13 +270,15 @@ class EvalReplayPlugin:
                     deselect.update((name, key) for name, keys in done.items() for key in keys)
         except EvalReplayError as exc:
             raise pytest.UsageError(str(exc)) from None
+        waiting = {(run.name, key) for run in self.session.runs.values() for key in run.waiting}
+        if waiting:
+            self._drop(
+                config, items, lambda i: isinstance(i, RolloutItem) and (i.task.name, i.key) in waiting
+            )
         if deselect:
-            gone = [i for i in items if isinstance(i, RolloutItem) and (i.task.name, i.key) in deselect]
-            self._deselected_all = len(gone) == len(items)
-            self._deselected = len(gone)
-            config.hook.pytest_deselected(items=gone)
-            gone_ids = {id(i) for i in gone}
-            items[:] = [i for i in items if id(i) not in gone_ids]
+            self._deselected = self._drop(
+                config, items, lambda i: isinstance(i, RolloutItem) and (i.task.name, i.key) in deselect
+            )
         # Each gate runs after its task's last item, whatever order others left.
         gates = [i for i in items if isinstance(i, GateItem)]
         if gates:
@@ -283,6 +297,19 @@ class EvalReplayPlugin:
                         ordered.append(gate)
             ordered.extend(pending.values())
             items[:] = ordered
+
+    def _drop(
+        self, config: pytest.Config, items: list[pytest.Item], gone: Callable[[pytest.Item], bool]
+    ) -> int:
+        """Deselect the items `gone` picks (pytest's own way: -k, --lf and the
+        terminal count them); how many."""
+        dropped = [i for i in items if gone(i)]
+        if dropped:
+            self._deselected_all = len(dropped) == len(items)
+            config.hook.pytest_deselected(items=dropped)
+            ids = {id(i) for i in dropped}
+            items[:] = [i for i in items if id(i) not in ids]
+        return len(dropped)
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str] | None:
         return self.collection_lines()
@@ -316,7 +343,8 @@ class EvalReplayPlugin:
             parts.append(f"{reused:,} reused from the journal ({how})")
         if failed:
             parts.append(f"{failed:,} failed for good before")
-        return ["evalreplay: " + ", ".join(parts), *(f"evalreplay: {line}" for line in self.session.status())]
+        status = [*self._shard_lines, *self.session.status()]
+        return ["evalreplay: " + ", ".join(parts), *(f"evalreplay: {line}" for line in status)]
 
     # -- reports and the end -----------------------------------------------------
 
@@ -382,6 +410,32 @@ class EvalReplayPlugin:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._session is not None:
             self._session.close()
+
+
+def _not_this_shard(shard: Shard, item: pytest.Item) -> bool:
+    """Another shard's rollout, or a gate (judged on the whole task, after the merge)."""
+    from pytest_evalreplay.items import GateItem, RolloutItem
+
+    if isinstance(item, GateItem):
+        return True
+    return isinstance(item, RolloutItem) and not shard.owns(item.task.name, item.key)
+
+
+def _shard_lines(shard: Shard, items: list[pytest.Item]) -> list[str]:
+    """Per task, how much of it this shard runs."""
+    from pytest_evalreplay.items import RolloutItem
+
+    counts: dict[str, list[int]] = {}
+    for item in items:
+        if isinstance(item, RolloutItem):
+            count = counts.setdefault(item.task.name, [0, 0])
+            count[0] += shard.owns(item.task.name, item.key)
+            count[1] += 1
+    return [
+        f"shard {shard}: {mine:,} of {total:,} items of {name} (the rest deselected; gates are judged after "
+        "the merge)"
+        for name, (mine, total) in counts.items()
+    ]
 
 
 def output_dir(config: pytest.Config, settings: options.Settings) -> Path:

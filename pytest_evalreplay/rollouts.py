@@ -68,6 +68,7 @@ class Rollouts(ABC):
     rollouts_of: dict[RequestKey, tuple[int, ...]] = field(default_factory=dict)
     touched: bool = False  # this process ran something of the task: it writes the run dir
     unfinished: str | None = None  # a plain run's note that --resume would reuse results
+    waiting: list[RolloutKey] = field(default_factory=list)  # a shard's items that wait for a merge
     outcome: TaskOutcome | None = None
 
     def note_unfinished(self, index: JournalIndex | None) -> None:

@@ -164,6 +164,16 @@ class EvalSession:
                 run = TaskRun.register(self.ctx, obj, all_keys, selected, directory)
             run.chunk(self._batch_size())
             self.runs[obj.name] = run
+        shard = self.settings.shard
+        if shard is not None and not collect_only:
+            from pytest_evalreplay.sharddir import claim, task_config
+
+            identity = self.ctx.provider_identity
+            configs = {
+                name: task_config(run.plan, identity, getattr(run, "fingerprints", ()))
+                for name, run in self.runs.items()
+            }
+            claim(self.output, shard, configs)
 
     def _batch_size(self) -> int | None:
         size = self.settings.batch_size

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_evalreplay.shard import Shard
+
 DEFAULT_CONCURRENCY = 32
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_PROGRESS_INTERVAL = 15.0
@@ -41,4 +43,5 @@ class Settings:
     report_reused: bool = False
     reuse_scores: bool = False
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    shard: Shard | None = None  # --evalreplay-shard=K/N: this process runs shard K of N
     in_play: bool = False  # any evalreplay option or ini key is set

@@ -9,8 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_evalreplay.journal import JournalIndex
+from pytest_evalreplay.journal import JournalIndex, RolloutKey
+from pytest_evalreplay.metrics import item_outcome
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.planning import TaskPlan
 
 
 @dataclass
@@ -126,3 +128,32 @@ def complete_row(
         "fingerprint": fingerprint,
         "run": run,
     }
+
+
+def wait_for_merge(
+    name: str,
+    plan: TaskPlan,
+    index: JournalIndex | None,
+    stages: int,
+    max_attempts: int,
+    selected: Sequence[RolloutKey],
+) -> tuple[list[RolloutKey], list[RolloutKey], list[str]]:
+    """A shard's selected items split into those it can run and those that
+    wait (deselected), with a line saying so. A stage is planned from the
+    rating after the one before, which needs every shard's verdicts: a shard
+    runs stage s only when the journal it starts from (a copy of a merge)
+    has a result for every item of stage s-1."""
+    first = stages + 1
+    for stage in range(1, stages):
+        keys = [key for key in plan.keys if key[0] == stage]
+        if index is None or any(item_outcome(plan, index, k, max_attempts).status == "missing" for k in keys):
+            first = stage + 1
+            break
+    if first > stages:
+        return list(selected), [], []
+    later = f"stage {first}" if first == stages else f"stages {first}-{stages}"
+    line = (
+        f"{name}: {later} wait for every shard's stage {first - 1} (deselected): merge the shard dirs, "
+        "then run each shard again from a copy of the merged dir (docs/scale.md)"
+    )
+    return [k for k in selected if k[0] < first], [k for k in selected if k[0] >= first], [line]

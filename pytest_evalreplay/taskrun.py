@@ -158,12 +158,16 @@ class TaskRun(Rollouts):
         items this session did not select (a narrowed run; rollouts a killed run
         generated but never scored), so the run dir is what one clean run of the
         current configuration writes. Under xdist each worker takes its share;
-        the last worker to finish writes the run dir with every share done."""
+        the last worker to finish writes the run dir with every share done. A
+        shard rescores its own slice only (the merge joins the slices)."""
         selected = set(self.selected)
         index = self.recorder.index
         share = self.ctx.worker
+        shard = self.ctx.settings.shard
         for n, key in enumerate(self.plan.keys):
             if key in selected or (share is not None and n % share.count != share.index % share.count):
+                continue
+            if shard is not None and not shard.owns(self.name, key):
                 continue
             gen, _ = index.standing(key, self.plan.request_of(key), self.plan.provider)
             if gen is not None and self._kept_scores(key, gen) is None:

@@ -136,6 +136,16 @@ CASES: dict[str, Case] = {
         prepare="saved-run",
         message="/saved: a replay would write into what it replays",
     ),
+    "shard beyond its count": Case(
+        ("--evalreplay-shard=4/3",),
+        message="--evalreplay-shard (ini evalreplay_shard) takes K/N, shard K (1-based) of N",
+    ),
+    "shard that is not K/N": Case(("--evalreplay-shard=x",), message="takes K/N"),
+    "a dir another shard wrote": Case(
+        ("--evalreplay-shard=2/2",),
+        prepare="shard",
+        message="/run holds shard 1/2's results",
+    ),
     "update baseline without a file": Case(
         ("--evalreplay-update-baseline",),
         message="--evalreplay-update-baseline needs --evalreplay-baseline=FILE",
@@ -393,6 +403,8 @@ def prepare(pytester: pytest.Pytester, case: Case) -> None:
             }
             with journal.open("ab") as fh:
                 fh.write(orjson.dumps(row) + b"\n")
+    elif what == "shard":
+        pytester.runpytest("--evalreplay-output=run", "--evalreplay-shard=1/2")
     elif what == "report-dir":
         out.mkdir()
     elif what == "baseline-dir":

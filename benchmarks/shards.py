@@ -1,0 +1,142 @@
+"""Shards on one machine against one process, and the merge's own cost.
+
+1. One eval task of N items whose scorer spends 20 ms of CPU per item (an
+   instant provider: scoring is the work), run as one pytest process, then as
+   4 shards (`--evalreplay-shard=K/4`, 4 processes at once, each its own output
+   dir) followed by the merge and the merge job's `pytest --resume
+   --evalreplay-reuse-scores` (which writes the run dir; without
+   `--evalreplay-reuse-scores` it would score every item again). Wall times
+   side by side; speed-up = one process / (slowest shard + merge + merge job).
+   On a machine with C free cores the shards' ceiling is min(4, C).
+2. The merge at 100,000 rollouts: 4 synthetic shard dirs of 25,000 rollouts
+   each (a request, a gen and a score row per rollout), read, merged and
+   written by `python -m pytest_evalreplay merge`, in-process. Goal: under 5%
+   of the run it merges, taken as its scorer's CPU alone (100,000 x 20 ms, a
+   lower bound of the run's time).
+
+    python benchmarks/shards.py            # 400 items
+    python benchmarks/shards.py --quick    # 120 items, and the merge at 20,000 rollouts
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scale_harness import PYTEST, child_env, eval_args, eval_project, expect_in, run_pytest, verdict, warm_up
+
+from pytest_evalreplay import journal
+from pytest_evalreplay.__main__ import main as cli
+from pytest_evalreplay.model import Generation
+from pytest_evalreplay.shard import shard_of
+
+SHARDS = 4
+BUSY_MS = 20.0
+MERGE_GOAL = 0.05
+
+
+def run_shards(project: Path, out: Path) -> float:
+    """The 4 shards at once; the wall time until the last is done."""
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [*PYTEST, *eval_args(out / f"shard-{k}"), f"--evalreplay-shard={k}/{SHARDS}"],
+            cwd=project,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            env=child_env(),
+        )
+        for k in range(1, SHARDS + 1)
+    ]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"a shard exited {codes}")
+    return time.perf_counter() - start
+
+
+def merge(out: Path, dirs: list[Path]) -> float:
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = cli(["merge", str(out), *map(str, dirs)])
+    if code:
+        raise SystemExit(f"the merge exited {code}")
+    return time.perf_counter() - start
+
+
+def synthetic_shards(root: Path, rollouts: int) -> list[Path]:
+    """Shard dirs as 4 shards of one task of `rollouts` items would leave them."""
+    provider = {"kind": "instant", "model": "instant-1"}
+    rows: dict[int, list[dict]] = {k: [journal.provider_row("pv", provider)] for k in range(1, SHARDS + 1)}
+    for i in range(rollouts):
+        key = (1, f"q{i}", 0)
+        k = shard_of("t", key, SHARDS)
+        rq = f"rq{i:032d}"
+        rows[k].append(journal.request_row(rq, {"context": f"Question q{i}", "sampling": {}}))
+        rows[k].append(journal.gen_row(key, rq, "pv", f"run{k}", Generation(text="ok", finish_reason="stop")))
+        rows[k].append(journal.score_row(key, f"run{k}", f"run{k}", {"score": float(i % 2)}, None))
+    config = {"requests": "r", "items": rollouts, "provider": "pv", "kind": "instant", "model": "instant-1"}
+    dirs = []
+    for k, body in rows.items():
+        d = root / f"shard-{k}"
+        d.mkdir(parents=True)
+        (d / "t-journal.jsonl").write_bytes(journal.encode([journal.header_row("t", f"run{k}"), *body]))
+        marker = {"format": "evalreplay-shard/1", "shard": f"{k}/{SHARDS}", "tasks": {"t": config}}
+        (d / "evalreplay-shard.json").write_bytes(orjson.dumps(marker))
+        dirs.append(d)
+    return dirs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    items = 120 if args.quick else 400
+    big = 20_000 if args.quick else 100_000
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        warm_up(tmp)
+        project = eval_project(tmp / "project", items, busy_ms=BUSY_MS)
+        one = run_pytest(project, eval_args(tmp / "single"))
+        expect_in(one, f"{items} passed")
+        sharded = run_shards(project, tmp)
+        merged = tmp / "merged"
+        merge_s = merge(merged, [tmp / f"shard-{k}" for k in range(1, SHARDS + 1)])
+        job = run_pytest(project, [*eval_args(merged), "--resume", "--evalreplay-reuse-scores"])
+        expect_in(job, f"{items:,} reused")
+        total = sharded + merge_s + job.wall
+        cores = os.cpu_count()
+        print(f"{items} items, a scorer of {BUSY_MS:g} ms CPU each, {cores} cores (shared)")
+        print(f"  one process      : {one.wall:7.2f} s wall, {one.cpu:7.2f} s CPU")
+        print(f"  {SHARDS} shards at once: {sharded:7.2f} s wall (until the last is done)")
+        print(
+            f"  merge            : {merge_s:7.2f} s;  merge job (--resume, reuse scores): {job.wall:6.2f} s"
+        )
+        print(
+            f"  speed-up         : {one.wall / sharded:.2f}x the shards, {one.wall / total:.2f}x end to end"
+        )
+
+        dirs = synthetic_shards(tmp / "big", big)
+        size = sum((d / "t-journal.jsonl").stat().st_size for d in dirs)
+        big_merge = merge(tmp / "big-merged", dirs)
+        run_estimate = big * BUSY_MS / 1000  # its scorer alone, a lower bound of the run
+        share = big_merge / run_estimate
+        print(f"merge of {big:,} rollouts, {SHARDS} shards ({size / 2**20:.1f} MiB): {big_merge:.2f} s")
+        print(
+            f"  the run it merges (its scorer's CPU alone, a lower bound): {run_estimate:,.0f} s -> "
+            f"{share:.3%} of it (goal < {MERGE_GOAL:.0%}: {verdict(share < MERGE_GOAL)})"
+        )
+
+
+if __name__ == "__main__":
+    main()
