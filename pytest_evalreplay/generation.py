@@ -15,7 +15,8 @@ from typing import Any
 
 from pytest_evalreplay.context import ProgressSink, ProviderExit
 from pytest_evalreplay.execution import Done, Failed, RoundEnd, generate_events
-from pytest_evalreplay.model import Provider, Request, RequestKey, request_content, request_digest
+from pytest_evalreplay.journal import RolloutKey
+from pytest_evalreplay.model import Generation, Provider, Request, RequestKey, request_content, request_digest
 from pytest_evalreplay.recorder import TaskRecorder
 from pytest_evalreplay.settings import Settings
 
@@ -31,10 +32,12 @@ def stream_into_journal(
     prior: Mapping[RequestKey, int] | None = None,
     progress: ProgressSink | None = None,
     name: str | None = None,
+    on_answer: Callable[[RolloutKey, Generation], None] | None = None,
 ) -> None:
     """Generate `requests` into `recorder`'s journal. `identity` is the
     provider's digest and identity; `digest_of` names each request's content
-    (a task passes the digests it rendered at collection)."""
+    (a task passes the digests it rendered at collection); `on_answer` sees
+    each generation once its row is written."""
     pv, ident = identity
     progress = progress or ProgressSink()
     name = name or recorder.task
@@ -61,6 +64,9 @@ def stream_into_journal(
                     failures += 1
                     done_requests += 1
             recorder.add(rows)
+            if on_answer is not None and isinstance(event, Done):
+                for rollout, gen in zip(req.rollouts, event.generations, strict=True):
+                    on_answer((req.stage, req.instance_id, rollout), gen)
             progress.update(name, done_requests, done_samples, failures, tokens)
     except SystemExit as exc:
         raise ProviderExit(f"the provider raised SystemExit({exc.code!r}); stopping the session") from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from pytest_evalreplay.context import RunContext
 from pytest_evalreplay.generation import stream_into_journal
 from pytest_evalreplay.journal import FailRef, GenRef, JournalIndex, RolloutKey
 from pytest_evalreplay.metrics import TaskOutcome
-from pytest_evalreplay.model import RequestKey, RolloutResult
+from pytest_evalreplay.model import Generation, Provider, RequestKey, RolloutResult
 from pytest_evalreplay.planning import Decisions, TaskPlan
 from pytest_evalreplay.recorder import TaskRecorder
 from pytest_evalreplay.task import EvalTask
@@ -136,9 +136,10 @@ class Rollouts(ABC):
             if task.name != self.name:
                 # An EloEval's pool: the answers are the eval's, and replay serves them so.
                 requests = [dataclasses.replace(r, task=self.name) for r in requests]
+            provider = self.ctx.host.get()
             stream_into_journal(
                 recorder,
-                self.ctx.host.get(),
+                provider,
                 (self.ctx.provider_digest, self.ctx.provider_identity),
                 requests,
                 self.ctx.settings,
@@ -146,7 +147,13 @@ class Rollouts(ABC):
                 prior=self._prior_attempts(todo),
                 progress=self.ctx.progress,
                 name=self.name,
+                on_answer=self.on_answer(provider),
             )
+
+    def on_answer(self, provider: Provider) -> Callable[[RolloutKey, Generation], None] | None:
+        """What sees each answer the moment its row is written: nothing here
+        (a plain task may score it; an ELO stage judges its answers together)."""
+        return None
 
     def _unresolved(self, chunk: Iterable[RequestKey]) -> dict[RequestKey, tuple[int, ...]]:
         """The rollouts of a chunk this run has neither generated nor failed for good."""

@@ -4,7 +4,8 @@ runs (so pytest-xdist spreads scoring), and write the run dir at the end."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,10 +15,12 @@ from pytest_evalreplay.execution import score_generation
 from pytest_evalreplay.gates import BaselineTask, PairedDrop
 from pytest_evalreplay.journal import GenRef, RolloutKey, ScoreRef
 from pytest_evalreplay.metrics import TaskOutcome, task_outcome
-from pytest_evalreplay.model import Generation, RolloutResult
+from pytest_evalreplay.model import Generation, Provider, RolloutResult
 from pytest_evalreplay.planning import TaskPlan
 from pytest_evalreplay.rollouts import Rollouts, open_recorder
 from pytest_evalreplay.task import EvalTask
+
+ARRIVAL_BUDGET = 0.001  # seconds of scoring an answer on arrival may cost, on average
 
 
 @dataclass
@@ -25,6 +28,8 @@ class TaskRun(Rollouts):
     results: dict[RolloutKey, RolloutResult] = field(default_factory=dict)  # computed, not yet reported
     resolved: set[RolloutKey] = field(default_factory=set)  # scored or failed by this process
     running: tuple[str, float, int] | None = None  # the first metric: name, sum, count so far
+    on_arrival: set[RolloutKey] = field(default_factory=set)  # scored as the answer arrived
+    arrival_cost: tuple[float, int] | None = (0.0, 0)  # seconds and answers scored so; None: stopped
 
     @classmethod
     def register(
@@ -70,7 +75,45 @@ class TaskRun(Rollouts):
         if gen is None:
             self.resolved.add(key)
             return self.not_generated(key)
+        if key in self.on_arrival:
+            return self._scored_on_arrival(key, gen)
         return self._score(key, self.recorder.index.generation(gen), gen.run)
+
+    def on_answer(self, provider: Provider) -> Callable[[RolloutKey, Generation], None] | None:
+        """One process, a provider that streams, a scorer that has cost under
+        `ARRIVAL_BUDGET` an answer: score each answer as it arrives, so the
+        progress line shows the metric so far. A batch provider's answers
+        all wait in memory until written, and answers that arrive while a slow
+        scorer runs wait in the provider's queue: those are scored where their
+        items run (spread over workers under pytest-xdist), as is everything
+        under xdist."""
+        streams = callable(getattr(provider, "generate_stream", None))
+        eager = streams and self.ctx.worker is None and self.arrival_cost is not None
+        return self._answered if eager else None
+
+    def _answered(self, key: RolloutKey, generation: Generation) -> None:
+        if self.arrival_cost is None:
+            return
+        start = time.perf_counter()
+        self._score(key, generation, self.ctx.run_id)
+        self.on_arrival.add(key)
+        spent, count = self.arrival_cost
+        spent, count = spent + time.perf_counter() - start, count + 1
+        self.arrival_cost = (spent, count) if spent <= ARRIVAL_BUDGET * count else None
+
+    def _scored_on_arrival(self, key: RolloutKey, gen: GenRef) -> RolloutResult:
+        """The item's result from the scores written when its answer arrived."""
+        index = self.recorder.index
+        saved = index.score_of(key, gen)
+        if saved is None or saved.run != self.ctx.run_id:
+            return self._score(key, index.generation(gen), gen.run)
+        return self.result_of(
+            key,
+            generation=self.task.postprocess(index.generation(gen)),
+            scores=dict(saved.scores or {}),
+            error=saved.error,
+            failure_class="scoring" if saved.error else None,
+        )
 
     def _score(self, key: RolloutKey, raw: Generation, of: str) -> RolloutResult:
         task = self.task

@@ -34,8 +34,14 @@ class Counting:
                                        prompt_tokens=3, completion_tokens=2) for _ in r.rollouts])
         return out
 
+class Streaming(Counting):
+    kind = "streaming"
+
+    def generate_stream(self, requests):
+        yield from enumerate(self.generate(requests))
+
 def pytest_evalreplay_make_provider(config, kind):
-    return Counting() if kind == "counting" else None
+    return {"counting": Counting, "streaming": Streaming}.get(kind, lambda: None)()
 """
 
 EVALS = """
@@ -298,6 +304,46 @@ def test_the_progress_line_shows_a_running_value_of_the_first_metric(pytester, p
             "evalreplay: qa: 1/1 requests (1/1 samples), 0 failed, right_for_even=*, * elapsed",
         ]
     )
+
+
+def test_a_streamed_answer_is_scored_as_it_arrives_and_the_line_shows_the_metric(pytester, project):
+    """One process and a streaming provider: each answer is scored the moment
+    its row is written, so the running metric moves during the one chunk."""
+    project(n=4)
+    pytester.makeini("[pytest]\nevalreplay_provider = streaming\nevalreplay_progress_interval = 0\n")
+    result = run(pytester)
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(
+        [
+            "evalreplay: qa: 1/4 requests (1/4 samples), 0 failed, right_for_even=1.000, * elapsed, ETA *",
+            "evalreplay: qa: 2/4 requests (2/4 samples), 0 failed, right_for_even=0.500, * elapsed, ETA *",
+            "evalreplay: qa: 3/4 requests (3/4 samples), 0 failed, right_for_even=0.667, * elapsed, ETA *",
+        ]
+    )
+    rows = [
+        orjson.loads(line) for line in (pytester.path / "run" / "qa-journal.jsonl").read_bytes().splitlines()
+    ]
+    kinds = [row["type"] for row in rows if row["type"] in ("gen", "score")]
+    assert kinds == ["gen", "score"] * 4  # each score written after its answer, once
+
+
+def test_a_slow_scorer_is_left_to_the_items(pytester, project):
+    """Answers that arrive while a slow scorer runs would wait unwritten in
+    the provider's queue: after one answer over budget, scoring moves back
+    to the items."""
+    project(
+        source=EVALS.format(n=4, samples=1).replace(
+            "def right_for_even(text, instance):\n",
+            "def right_for_even(text, instance):\n    import time; time.sleep(0.01)\n",
+        )
+    )
+    pytester.makeini("[pytest]\nevalreplay_provider = streaming\n")
+    run(pytester).assert_outcomes(passed=4)
+    rows = [
+        orjson.loads(line) for line in (pytester.path / "run" / "qa-journal.jsonl").read_bytes().splitlines()
+    ]
+    kinds = [row["type"] for row in rows if row["type"] in ("gen", "score")]
+    assert kinds == ["gen", "score", "gen", "gen", "gen", "score", "score", "score"]
 
 
 def test_default_output_is_under_the_cache_dir(pytester, project):
