@@ -116,10 +116,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def merge_main(out: Path, shards: Sequence[Path], pytest_args: Sequence[str] | None = None) -> int:
     """Merge the shards' journals into OUT, then run the suite over OUT with
     --evalreplay-no-generate: the run dir written as every run writes it,
@@ -176,3 +172,7 @@ def _finish(out: Path, args: list[str], start: Path) -> int:
         return int(pytest.main(args))
     finally:
         os.chdir(here)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -110,7 +110,9 @@ def merge(p: pytest.Pytester, out: str, *dirs: str) -> tuple[int, str, str]:
 
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(["merge", str(p.path / out), *(str(p.path / d) for d in dirs)])
+        cut = dirs.index("--") if "--" in dirs else len(dirs)
+        paths = [str(p.path / d) for d in dirs[:cut]]
+        code = main(["merge", str(p.path / out), *paths, *dirs[cut:]])
     return code, stdout.getvalue(), stderr.getvalue()
 
 
@@ -235,3 +237,19 @@ def test_a_shard_under_xdist_runs_the_same_slice(project: pytest.Pytester) -> No
     result.assert_outcomes(passed=len(mine))
     doc = orjson.loads((project.path / "out1" / "t-metrics.json").read_bytes())
     assert doc["num_missing"] == 24 - len(mine)
+
+
+def test_shards_that_do_not_say_how_they_ran_need_the_suite_args(project: pytest.Pytester) -> None:
+    for k in (1, 2):
+        assert run(project, f"s{k}", f"--evalreplay-shard={k}/2").ret == 0
+        marker = project.path / f"s{k}" / "evalreplay-shard.json"
+        doc = orjson.loads(marker.read_bytes())
+        assert doc["suite"]["args"][:3] == ["-p", "no:randomly", "--evalreplay-provider=echo"]  # + --basetemp
+        del doc["suite"]
+        marker.write_bytes(orjson.dumps(doc))
+    code, _, err = merge(project, "merged", "s1", "s2")
+    assert code == 2 and "do not say how their suite was run" in err and "after --" in err
+    assert not (project.path / "merged").exists()
+    code, _, err = merge(project, "merged", "s1", "s2", "--", "-p", "no:randomly")
+    assert code == 0, err
+    assert orjson.loads((project.path / "merged" / "t-metrics.json").read_bytes())["complete"] is True
