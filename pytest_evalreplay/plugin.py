@@ -317,7 +317,7 @@ class EvalReplayPlugin:
             ),
         )
         self._shard_lines += [
-            f"{name}: {len(ks):,} items of {name} need generating (deselected: --evalreplay-no-generate): "
+            f"{len(ks):,} items of {name} need generating (deselected: --evalreplay-no-generate): "
             "they stay missing, and its gate is not judged"
             for name, ks in held.items()
         ]

@@ -49,7 +49,11 @@ def merge(p: Project, out: Path, dirs: list[Path]) -> subprocess.CompletedProces
     """The merge command, as a merge job runs it: it runs the suite over OUT
     with the shards' arguments (from the project dir they started in)."""
     cmd = [sys.executable, "-m", "pytest_evalreplay", "merge", str(out), *map(str, dirs)]
-    result = subprocess.run(cmd, env=child_env(("KILL_",)), capture_output=True, text=True, timeout=300)
+    logs = {
+        name: str(p.path / f"{name.lower()}.jsonl") for name in ("CALL_LOG", "JUDGE_LOG", "JUDGE_MODEL_LOG")
+    }
+    env = child_env(("KILL_", "INTERRUPT_", "JUDGE_"), **logs)  # the judge's log, as Project.run sets it
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
