@@ -123,7 +123,7 @@ def main() -> None:
         sharded = run_shards(project, tmp)
         merged = tmp / "merged"
         merge_s = merge(project, merged, [tmp / f"shard-{k}" for k in range(1, SHARDS + 1)])
-        if orjson.loads((merged / "t-metrics.json").read_bytes())["num_items"] != items:
+        if sum(orjson.loads(f.read_bytes())["num_items"] for f in merged.glob("*-metrics.json")) != items:
             raise SystemExit("the merged run dir does not hold every item")
         total = sharded + merge_s
         cores = os.cpu_count()
