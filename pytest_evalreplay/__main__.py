@@ -75,19 +75,31 @@ def build_parser() -> argparse.ArgumentParser:
         "merge",
         help="join the output dirs of --evalreplay-shard=K/N runs into one",
         description="Join shard dirs (the --evalreplay-output of each --evalreplay-shard=K/N run) into "
-        "OUT: one journal per task holding every shard's results. Then `pytest --resume "
-        "--evalreplay-output=OUT` writes the run dir from it (generating only what missing shards "
-        "left out), judges the gates and completes an EloEval's stage.",
+        "OUT: one journal per task holding every shard's results; then run the suite over OUT as the "
+        "shards ran it (with --evalreplay-no-generate: nothing generated, no provider needed) to write "
+        "the run dir a single process writes, complete an EloEval's stage and judge the gates. What a "
+        "missing shard left out stays missing (complete: false): `pytest --resume "
+        "--evalreplay-output=OUT` generates it. Exit status: that pytest run's (2: a refused merge).",
+        epilog="PYTEST_ARGS after -- replace the suite's arguments the shards recorded "
+        "(e.g. merge OUT shards/* -- evals/ -k gsm8k); the run starts in the dir the shards started in "
+        "when it exists here, else here.",
     )
     merge.add_argument("out", type=Path, metavar="OUT", help="the merged dir (new, or without journals)")
     merge.add_argument("shards", type=Path, nargs="+", metavar="SHARD_DIR", help="the shards' output dirs")
+    merge.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="(see below)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest: list[str] | None = None
+    if argv[:1] == ["merge"] and "--" in argv:  # merge OUT SHARD_DIR... -- PYTEST_ARGS
+        cut = argv.index("--")
+        argv, rest = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
+    args.pytest_args = rest
     if args.command == "merge":
-        return merge_main(args.out, args.shards)
+        return merge_main(args.out, args.shards, args.pytest_args)
     try:
         cmp = compare_run_dirs(args.base, args.new, args.alpha)
         lines = render_text(cmp, top=args.top)
@@ -104,11 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
-def merge_main(out: Path, shards: Sequence[Path]) -> int:
+def merge_main(out: Path, shards: Sequence[Path], pytest_args: Sequence[str] | None = None) -> int:
+    """Merge the shards' journals into OUT, then run the suite over OUT with
+    --evalreplay-no-generate: the run dir written as every run writes it,
+    nothing generated, the gates judged. Exit status: pytest's."""
     from pytest_evalreplay.merge import merge
     from pytest_evalreplay.sharddir import read_shard_dir, write_merged_dir
 
@@ -119,6 +130,11 @@ def merge_main(out: Path, shards: Sequence[Path]) -> int:
             if first is not path:
                 raise EvalReplayError(f"{path} is given twice ({first} and {path}); pass each shard dir once")
         merged = merge([read_shard_dir(path) for path in shards])
+        if pytest_args is None and merged.suite is None:
+            raise EvalReplayError(
+                f"the shard dirs do not say how their suite was run (written by an older version): "
+                f"give the suite's pytest arguments after --, e.g. {PROG} merge OUT SHARD_DIR... -- evals/"
+            )
         write_merged_dir(out, merged)
     except EvalReplayError as exc:
         print(f"{PROG} merge: error: {' '.join(str(exc).split())}", file=sys.stderr)
@@ -126,12 +142,37 @@ def merge_main(out: Path, shards: Sequence[Path]) -> int:
     lines = [*merged.notes, f"merged shards {', '.join(merged.shards)} into {out}: {', '.join(merged.tasks)}"]
     for k in merged.missing:
         lines.append(
-            f"shard {k}/{merged.of} is missing: its rollouts are missing from {out} (run it and merge "
-            "again, or `pytest --resume` below generates them)"
+            f"shard {k}/{merged.of} is missing: its rollouts are missing from {out} (complete: false); "
+            f"run it and merge again, or `pytest --resume --evalreplay-output={out}` with the provider "
+            "generates them"
         )
-    lines.append(
-        f"next: pytest --resume --evalreplay-output={out} (with the suite) writes the run dir, "
-        "judges the gates and completes an EloEval's stage; --evalreplay-predictions replays it after"
-    )
+    start = Path.cwd()
+    if pytest_args is None:
+        assert merged.suite is not None
+        pytest_args = [str(a) for a in merged.suite.get("args", [])]
+        recorded = Path(str(merged.suite.get("dir", ".")))
+        start = recorded if recorded.is_dir() else start
+    lines.append(f"writing the run dir: the suite in {start} over {out}, generating nothing")
     sys.stdout.write("\n".join(lines) + "\n")
-    return 0
+    sys.stdout.flush()
+    return _finish(out.resolve(), list(pytest_args), start)
+
+
+def _finish(out: Path, args: list[str], start: Path) -> int:
+    """pytest, in this process, over the merged dir: `--evalreplay-no-generate`
+    writes the run dir from the journals (what missing shards left out stays
+    missing) and judges the gates of complete tasks. The shards' `-n` is left
+    out (scoring is the shards' work); an ini's `addopts = -n ...` still holds."""
+    import pytest
+
+    args = [*args, "--evalreplay-no-generate", f"--evalreplay-output={out}"]
+    here = Path.cwd()
+    os.chdir(start)
+    try:
+        return int(pytest.main(args))
+    finally:
+        os.chdir(here)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -63,6 +63,7 @@ class Merged:
     missing: list[int]  # shard numbers not given
     tasks: dict[str, Any]  # each task's configuration
     notes: list[str] = field(default_factory=list)
+    suite: Mapping[str, Any] | None = None  # how the first shard ran: the merge runs the suite so
 
 
 def merge(dirs: Sequence[ShardDir]) -> Merged:
@@ -103,6 +104,7 @@ def merge(dirs: Sequence[ShardDir]) -> Merged:
         missing=[k for k in range(1, n + 1) if k not in given],
         tasks=tasks,
         notes=notes,
+        suite=next((d.marker["suite"] for d in ordered if isinstance(d.marker.get("suite"), dict)), None),
     )
 
 

@@ -180,6 +180,13 @@ OPTIONS: tuple[Option, ...] = (
         "K/N",
     ),
     Option(
+        "no-generate",
+        "bool",
+        "resume from the journal and generate nothing: items that need a generation are deselected "
+        "and stay missing (the run dir says complete: false), no provider is needed; the merge of "
+        "shard dirs finishes its run dir this way",
+    ),
+    Option(
         "progress-interval",
         "float",
         f"seconds between generation progress lines in a non-terminal log "
@@ -358,7 +365,8 @@ def resolve(config: pytest.Config) -> Settings:
         output=read.path("output"),
         report=read.path("report"),
         compare=read.path("compare"),
-        resume=read.flag("resume"),
+        resume=read.flag("resume") or read.flag("no-generate"),
+        no_generate=read.flag("no-generate"),
         max_attempts=read.number("max-attempts", int, 1, DEFAULT_MAX_ATTEMPTS),
         batch_size=read.number("batch-size", int, 1, None),
         failure_budget=read.number("failure-budget", float, 0.0, 0.0, high=1.0),

@@ -178,6 +178,7 @@ class EvalReplayPlugin:
             snapshot=(workerinput or {}).get("evalreplay_snapshot"),
             seed=(workerinput or {}).get("evalreplay_seed"),
             rootdir=Path(config.rootpath),
+            invocation=(config.invocation_params.args, Path(config.invocation_params.dir)),
         )
         config.stash[SESSION_KEY] = session
         return session
@@ -270,6 +271,8 @@ class EvalReplayPlugin:
                     deselect.update((name, key) for name, keys in done.items() for key in keys)
         except EvalReplayError as exc:
             raise pytest.UsageError(str(exc)) from None
+        if self.settings.no_generate and not collect_only:
+            self._hold_back(config, items)
         waiting = {(run.name, key) for run in self.session.runs.values() for key in run.waiting}
         if waiting:
             self._drop(
@@ -297,6 +300,27 @@ class EvalReplayPlugin:
                         ordered.append(gate)
             ordered.extend(pending.values())
             items[:] = ordered
+
+    def _hold_back(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """--evalreplay-no-generate: what needs generating is deselected (it
+        stays missing), and so is the gate of a task it leaves incomplete."""
+        from pytest_evalreplay.items import GateItem, RolloutItem
+
+        held = self.session.hold_back()
+        keys = {(name, key) for name, ks in held.items() for key in ks}
+        self._drop(
+            config,
+            items,
+            lambda i: (
+                (isinstance(i, RolloutItem) and (i.task.name, i.key) in keys)
+                or (isinstance(i, GateItem) and i.task.name in held)
+            ),
+        )
+        self._shard_lines += [
+            f"{len(ks):,} items of {name} need generating (deselected: --evalreplay-no-generate): "
+            "they stay missing, and its gate is not judged"
+            for name, ks in held.items()
+        ]
 
     def _drop(
         self, config: pytest.Config, items: list[pytest.Item], gone: Callable[[pytest.Item], bool]

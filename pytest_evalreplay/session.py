@@ -36,6 +36,7 @@ class EvalSession:
         snapshot: Mapping[str, int] | None = None,
         seed: int | None = None,
         rootdir: Path | None = None,
+        invocation: tuple[Sequence[str], Path] | None = None,
     ) -> None:
         self.ctx = RunContext(settings, host, output, progress, worker=worker, snapshot=dict(snapshot or {}))
         if run_id is not None:
@@ -43,6 +44,7 @@ class EvalSession:
         if seed is not None:
             self.ctx.seed = seed
         self.rootdir = rootdir or Path.cwd()
+        self.invocation = invocation  # pytest's arguments and the dir it was started in
         self.runs: dict[str, Run] = {}
         self.docs: dict[str, TaskDoc] = {}
         self._lock: SessionLock | None = None
@@ -166,14 +168,18 @@ class EvalSession:
             self.runs[obj.name] = run
         shard = self.settings.shard
         if shard is not None and not collect_only:
-            from pytest_evalreplay.sharddir import claim, task_config
+            from pytest_evalreplay.sharddir import claim, suite_args, task_config
 
             identity = self.ctx.provider_identity
             configs = {
                 name: task_config(run.plan, identity, getattr(run, "fingerprints", ()))
                 for name, run in self.runs.items()
             }
-            claim(self.output, shard, configs)
+            suite = None
+            if self.invocation is not None:
+                args, start = self.invocation
+                suite = {"args": suite_args([str(a) for a in args]), "dir": str(start)}
+            claim(self.output, shard, configs, suite)
 
     def _batch_size(self) -> int | None:
         size = self.settings.batch_size
@@ -203,6 +209,16 @@ class EvalSession:
         at collection); per task, the keys that need not run (a failed
         rescoring stays selected, to report its failure)."""
         return {name: run.rescore_reused() for name, run in self.runs.items()}
+
+    def hold_back(self) -> dict[str, list[RolloutKey]]:
+        """--evalreplay-no-generate: each task's items that need a generation,
+        taken out of this session's work (they stay missing; no provider is built)."""
+        held: dict[str, list[RolloutKey]] = {}
+        for name, run in self.runs.items():
+            if run.decisions.run:
+                held[name], run.decisions.run = list(run.decisions.run), []
+                run.chunk(None)
+        return held
 
     def status(self) -> list[str]:
         return [line for run in self.runs.values() for line in run.status()]

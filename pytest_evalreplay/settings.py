@@ -44,4 +44,5 @@ class Settings:
     reuse_scores: bool = False
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     shard: Shard | None = None  # --evalreplay-shard=K/N: this process runs shard K of N
+    no_generate: bool = False  # write the run dir from the journal; what needs generating stays missing
     in_play: bool = False  # any evalreplay option or ini key is set

@@ -10,7 +10,7 @@ it can seed the shards of the next ELO stage."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,16 @@ def read_marker(directory: Path) -> dict[str, Any] | None:
     return doc
 
 
-def claim(directory: Path, shard: Shard, tasks: Mapping[str, Mapping[str, Any]]) -> None:
+def claim(
+    directory: Path,
+    shard: Shard,
+    tasks: Mapping[str, Mapping[str, Any]],
+    suite: Mapping[str, Any] | None = None,
+) -> None:
     """Mark the dir as shard `shard`'s, before anything is written to its
     journals; refuse one another shard wrote (a merged dir's copy is fine:
-    it seeds the next ELO stage)."""
+    it seeds the next ELO stage). `suite` is how the shard was run (its
+    `suite_args` and the dir it was started in): the merge runs it so."""
     known = read_marker(directory)
     if known is not None and "shard" in known and known["shard"] != str(shard):
         raise EvalReplayError(
@@ -72,8 +78,45 @@ def claim(directory: Path, shard: Shard, tasks: Mapping[str, Mapping[str, Any]])
             f"pass another --evalreplay-output for shard {shard} (each shard writes its own dir)"
         )
     before = known.get("tasks", {}) if known is not None and "shard" in known else {}
-    doc = {"format": FORMAT, "shard": str(shard), "tasks": {**before, **tasks}}
+    doc: dict[str, Any] = {"format": FORMAT, "shard": str(shard), "tasks": {**before, **tasks}}
+    if suite is not None:
+        doc["suite"] = dict(suite)
     atomic_write(directory / MARKER, orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+
+
+# What the merge's own run sets (or must not inherit from a shard's command line):
+# the flags, and the options followed by a value when not written `--opt=value`.
+_OWN_FLAGS = {"--resume", "--evalreplay-reset", "--evalreplay-no-generate"}
+_OWN_VALUED = {
+    "--evalreplay-shard",
+    "--evalreplay-output",
+    "-n",
+    "--numprocesses",
+    "--dist",
+    "--maxprocesses",
+}
+
+
+def suite_args(args: Sequence[str]) -> list[str]:
+    """A shard's command-line arguments less what makes it that shard's run
+    (its shard, output dir, resume or reset) and its xdist workers: what the
+    merge passes pytest to run the same suite over the merged dir."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.partition("=")[0]
+        if name in _OWN_FLAGS:
+            continue
+        if name == "--resume-stage" or name in _OWN_VALUED:
+            skip = name in _OWN_VALUED and "=" not in arg
+            continue
+        if arg.startswith("-n") and not arg.startswith("--"):  # -n4, -nauto
+            continue
+        out.append(arg)
+    return out
 
 
 def write_merged(directory: Path, shards: list[str], of: int, tasks: Mapping[str, Any]) -> None:

@@ -12,6 +12,7 @@ import pytest
 from pytest_evalreplay import journal
 from pytest_evalreplay.merge import ShardDir, merge
 from pytest_evalreplay.model import EvalReplayError, Generation
+from pytest_evalreplay.sharddir import suite_args
 from pytest_evalreplay.stagelog import planned_row
 
 CONFIG = {"requests": "r", "items": 4, "provider": "p", "kind": "echo", "model": "m1", "stages": []}
@@ -111,3 +112,24 @@ def test_a_malformed_row_names_the_file_and_line() -> None:
     bad = ShardDir("a", shard("a", "1/1", []).marker, {"t-journal.jsonl": b"not json\n"})
     with pytest.raises(EvalReplayError, match=r"a/t-journal.jsonl:1: not a journal row"):
         merge([bad])
+
+
+@pytest.mark.parametrize(
+    "args, kept",
+    [
+        (
+            ["evals/", "--evalreplay-shard=2/4", "--evalreplay-output", "out/2", "-k", "gsm"],
+            ["evals/", "-k", "gsm"],
+        ),
+        (["--resume", "-n", "4", "evals/", "--resume-stage=2", "-n3"], ["evals/"]),
+        (
+            ["--evalreplay-provider=openai", "--numprocesses=auto", "--dist", "load", "-q"],
+            ["--evalreplay-provider=openai", "-q"],
+        ),
+        (["--evalreplay-reset", "--evalreplay-no-generate", "--evalreplay-output=x", "t.py"], ["t.py"]),
+    ],
+)
+def test_the_suite_args_a_shard_records_leave_out_what_the_merge_sets(
+    args: list[str], kept: list[str]
+) -> None:
+    assert suite_args(args) == kept

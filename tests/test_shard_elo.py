@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
 import pytest
 from elo_project import Project
-
-from pytest_evalreplay.__main__ import main as cli
+from subprocess_pytest import child_env
 
 PLAIN = """
 from pytest_evalreplay import EvalTask, Gate
@@ -44,8 +45,17 @@ def run(p: Project, out: Path, *args: str, **env: str) -> int:
     return result.returncode
 
 
-def merge(out: Path, dirs: list[Path]) -> None:
-    assert cli(["merge", str(out), *map(str, dirs)]) == 0
+def merge(p: Project, out: Path, dirs: list[Path]) -> subprocess.CompletedProcess[str]:
+    """The merge command, as a merge job runs it: it runs the suite over OUT
+    with the shards' arguments (from the project dir they started in)."""
+    cmd = [sys.executable, "-m", "pytest_evalreplay", "merge", str(out), *map(str, dirs)]
+    logs = {
+        name: str(p.path / f"{name.lower()}.jsonl") for name in ("CALL_LOG", "JUDGE_LOG", "JUDGE_MODEL_LOG")
+    }
+    env = child_env(("KILL_", "INTERRUPT_", "JUDGE_"), **logs)  # the judge's log, as Project.run sets it
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
 
 
 def run_dir(path: Path) -> dict[str, object]:
@@ -76,9 +86,8 @@ def sharded(p: Project, kill: int | None = None) -> Path:
             assert run(p, out, *args) == 0
             dirs.append(out)
         merged = base / f"merged{stage}"
-        merge(merged, dirs)
+        merge(p, merged, dirs)  # the last one completes stage 2, writes the run dir, judges the gates
     assert merged is not None
-    assert run(p, merged, "--resume") == 0  # completes stage 2, writes the run dir, judges the gates
     return merged
 
 

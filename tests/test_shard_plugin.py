@@ -110,7 +110,9 @@ def merge(p: pytest.Pytester, out: str, *dirs: str) -> tuple[int, str, str]:
 
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(["merge", str(p.path / out), *(str(p.path / d) for d in dirs)])
+        cut = dirs.index("--") if "--" in dirs else len(dirs)
+        paths = [str(p.path / d) for d in dirs[:cut]]
+        code = main(["merge", str(p.path / out), *paths, *dirs[cut:]])
     return code, stdout.getvalue(), stderr.getvalue()
 
 
@@ -127,14 +129,17 @@ def run_dir(path: Path) -> dict[str, object]:
     return out
 
 
-def test_merged_shards_resume_to_the_single_run_dir(project: pytest.Pytester) -> None:
+def test_the_merge_writes_the_single_run_dir(project: pytest.Pytester) -> None:
     assert run(project, "single").ret == 0
     for k in (1, 2, 3):
         assert run(project, f"s{k}", f"--evalreplay-shard={k}/3").ret == 0
     code, out, err = merge(project, "merged", "s3", "s1", "s2")
     assert code == 0, err
     assert "merged shards 1/3, 2/3, 3/3" in out
-    # Nothing left to generate: --resume needs no provider, writes the run dir and judges the gate.
+    # The merge ran the suite with the shards' arguments: nothing generated, the gate judged.
+    assert "1 passed, 24 deselected" in out
+    assert run_dir(project.path / "merged") == run_dir(project.path / "single")
+    # --resume into it still works (nothing left: no provider needed).
     result = project.runpytest("-p", "no:randomly", "--resume", "--evalreplay-output=merged")
     result.assert_outcomes(passed=1, deselected=24)
     assert run_dir(project.path / "merged") == run_dir(project.path / "single")
@@ -143,20 +148,34 @@ def test_merged_shards_resume_to_the_single_run_dir(project: pytest.Pytester) ->
 def test_a_missing_shard_is_missing_rollouts(project: pytest.Pytester) -> None:
     for k in (1, 3):
         assert run(project, f"s{k}", f"--evalreplay-shard={k}/3").ret == 0
-    code, out, _ = merge(project, "merged", "s1", "s3")
-    assert code == 0 and "shard 2/3 is missing" in out
+    code, out, err = merge(project, "merged", "s1", "s3")
+    assert code == 0, err
+    assert "shard 2/3 is missing" in out
+    mine = len(owned(2, 3))
+    doc = orjson.loads((project.path / "merged" / "t-metrics.json").read_bytes())
+    assert doc["complete"] is False and doc["num_missing"] == mine and doc["num_items"] == 24
     # With the provider, --resume generates exactly the missing shard's items.
     result = run(project, "merged", "--resume")
-    mine = len(owned(2, 3))
     result.assert_outcomes(passed=mine + 1, deselected=24 - mine)
     assert orjson.loads((project.path / "merged" / "t-metrics.json").read_bytes())["complete"] is True
+
+
+def test_no_generate_writes_the_run_dir_without_generating(project: pytest.Pytester) -> None:
+    assert run(project, "s1", "--evalreplay-shard=1/3").ret == 0
+    result = project.runpytest("-p", "no:randomly", "--evalreplay-no-generate", "--evalreplay-output=s1")
+    mine = len(owned(1, 3))
+    result.assert_outcomes(deselected=25)  # the gate too: its task has missing rollouts
+    result.stdout.fnmatch_lines(
+        [f"*{24 - mine} items of t need generating (deselected: --evalreplay-no-generate)*"]
+    )
+    doc = orjson.loads((project.path / "s1" / "t-metrics.json").read_bytes())
+    assert doc["complete"] is False and doc["num_missing"] == 24 - mine
 
 
 def test_a_merged_dir_replays(project: pytest.Pytester) -> None:
     for k in (1, 2):
         assert run(project, f"s{k}", f"--evalreplay-shard={k}/2").ret == 0
     assert merge(project, "merged", "s1", "s2")[0] == 0
-    assert project.runpytest("-p", "no:randomly", "--resume", "--evalreplay-output=merged").ret == 0
     replay = project.runpytest(
         "-p", "no:randomly", "--evalreplay-predictions=merged", "--evalreplay-output=re"
     )
@@ -218,3 +237,19 @@ def test_a_shard_under_xdist_runs_the_same_slice(project: pytest.Pytester) -> No
     result.assert_outcomes(passed=len(mine))
     doc = orjson.loads((project.path / "out1" / "t-metrics.json").read_bytes())
     assert doc["num_missing"] == 24 - len(mine)
+
+
+def test_shards_that_do_not_say_how_they_ran_need_the_suite_args(project: pytest.Pytester) -> None:
+    for k in (1, 2):
+        assert run(project, f"s{k}", f"--evalreplay-shard={k}/2").ret == 0
+        marker = project.path / f"s{k}" / "evalreplay-shard.json"
+        doc = orjson.loads(marker.read_bytes())
+        assert doc["suite"]["args"][:3] == ["-p", "no:randomly", "--evalreplay-provider=echo"]  # + --basetemp
+        del doc["suite"]
+        marker.write_bytes(orjson.dumps(doc))
+    code, _, err = merge(project, "merged", "s1", "s2")
+    assert code == 2 and "do not say how their suite was run" in err and "after --" in err
+    assert not (project.path / "merged").exists()
+    code, _, err = merge(project, "merged", "s1", "s2", "--", "-p", "no:randomly")
+    assert code == 0, err
+    assert orjson.loads((project.path / "merged" / "t-metrics.json").read_bytes())["complete"] is True
