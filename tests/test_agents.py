@@ -163,3 +163,54 @@ def test_an_agent_that_raises_fails_its_item(project):
 def test_a_task_takes_exactly_one_of_prompt_and_agent(kwargs):
     with pytest.raises(EvalReplayError, match=r"exactly one of prompt=\.\.\. .* and agent=\.\.\."):
         EvalTask("t", [{"id": "a", "q": "x"}], scorer=lambda t, i: 1.0, **kwargs)
+
+
+STUB_AGENT = r"""
+from pytest_evalreplay import EvalTask
+from pytest_evalreplay.agent import tool_message
+
+ECHO = {"type": "function", "function": {"name": "echo", "parameters": {"type": "object"}}}
+
+
+def echo(text):
+    return text.upper()
+
+
+def solve(instance, llm):
+    messages = [{"role": "user", "content": instance["q"]}]
+    for _ in range(3):
+        turn = llm.chat(messages, tools=[ECHO], temperature=0)
+        messages.append(turn.message)
+        if not turn.tool_calls:
+            return turn.text
+        for call in turn.tool_calls:
+            messages.append(tool_message(call, llm.tool(call, echo)))
+    return turn.text
+
+
+agent = EvalTask("agent", [{"id": f"q{i}", "q": f"word{i}"} for i in range(4)], agent=solve,
+                 scorer=lambda text, inst: inst["q"].upper() in text)
+"""
+
+
+def test_an_agent_over_the_openai_provider_sends_tools_and_reads_tool_calls(pytester):
+    from http_stub import StubServer
+
+    pytester.makepyfile(test_agent=STUB_AGENT)
+    with StubServer("stub-model") as stub:
+        args = [
+            "--evalreplay-provider=openai",
+            "--evalreplay-model=stub-model",
+            f"--evalreplay-base-url={stub.url}",
+        ]
+        pytester.runpytest(*args, "--evalreplay-output=run").assert_outcomes(passed=4)
+        assert stub.answered == 8  # two turns per episode: a tool call, then the answer
+        rows = [
+            orjson.loads(line)
+            for line in (pytester.path / "run" / "agent-transcripts.jsonl").read_bytes().splitlines()
+        ]
+        first = rows[0]["turns"][0]["reply"]["tool_calls"][0]["function"]
+        assert first == {"name": "echo", "arguments": '{"text": "word0"}'}
+        assert rows[0]["tool_results"][0]["result"] == "WORD0"
+        pytester.runpytest(*args, "--evalreplay-output=run", "--resume").assert_outcomes(passed=4)
+        assert stub.answered == 8  # every turn came from the journal
