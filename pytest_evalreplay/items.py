@@ -216,5 +216,8 @@ def record(item: pytest.Item, result: RolloutResult) -> None:
             props.append(("finish_reason", gen.finish_reason))
         if gen.completion_tokens is not None:
             props.append(("completion_tokens", gen.completion_tokens))
+        for name in ("turns", "tool_calls"):  # an agent's episode
+            if name in gen.metadata:
+                props.append((f"agent.{name}", gen.metadata[name]))
     if result.failure_class is not None:
         props.append(("evalreplay.failure_class", result.failure_class))

@@ -109,6 +109,9 @@ class Generation:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    # An assistant turn's tool calls, OpenAI's shape:
+    # {"id", "type": "function", "function": {"name", "arguments": JSON text}}.
+    tool_calls: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def raw_text(self) -> str:
@@ -123,6 +126,8 @@ class Generation:
         row["completion_tokens"] = self.completion_tokens
         if self.metadata:
             row["metadata"] = dict(self.metadata)
+        if self.tool_calls:
+            row["tool_calls"] = [dict(call) for call in self.tool_calls]
         return row
 
     @classmethod
@@ -136,6 +141,10 @@ class Generation:
             raise EvalReplayError(f"{where}: 'original_text' must be a string or null")
         if not isinstance(metadata, dict):
             raise EvalReplayError(f"{where}: 'metadata' must be an object")
+        tool_calls = row.get("tool_calls") or []
+        problem = tool_calls_problem(tool_calls) if isinstance(tool_calls, list) else "must be a list"
+        if problem is not None:
+            raise EvalReplayError(f"{where}: 'tool_calls' {problem}")
         return cls(
             text=row["text"],
             original_text=original,
@@ -143,6 +152,7 @@ class Generation:
             prompt_tokens=_opt_int(row.get("prompt_tokens"), where, "prompt_tokens"),
             completion_tokens=_opt_int(row.get("completion_tokens"), where, "completion_tokens"),
             metadata=metadata,
+            tool_calls=tuple(tool_calls),
         )
 
     def problem(self) -> str | None:
@@ -163,11 +173,32 @@ class Generation:
                 return f"{name!r} must be a non-negative integer or None, got {value!r:.40}"
         if not isinstance(self.metadata, Mapping):
             return f"'metadata' must be a mapping, got {type(self.metadata).__name__}"
+        if not isinstance(self.tool_calls, (tuple, list)):
+            return f"'tool_calls' must be a tuple of tool calls, got {type(self.tool_calls).__name__}"
+        if (calls := tool_calls_problem(self.tool_calls)) is not None:
+            return f"'tool_calls' {calls}"
         try:
             orjson.dumps(self.to_row())
         except TypeError as exc:  # orjson.JSONEncodeError: surrogates, non-JSON metadata
             return f"cannot be saved as JSON ({exc})"
         return None
+
+
+def tool_calls_problem(calls: Sequence[Any]) -> str | None:
+    """What is wrong with a turn's tool calls (OpenAI's shape), or None."""
+    for n, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if (
+            not isinstance(function, Mapping)
+            or not isinstance(call.get("id"), str)
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments"), str)
+        ):
+            return (
+                f"entry {n} ({call!r:.80}) is not a tool call: give "
+                '{"id": str, "type": "function", "function": {"name": str, "arguments": JSON text}}'
+            )
+    return None
 
 
 def _opt_int(value: Any, where: str, name: str) -> int | None:

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_evalreplay import planning
+from pytest_evalreplay import planning, transcripts
 from pytest_evalreplay.context import RunContext
+from pytest_evalreplay.episodes import EpisodeRunner
 from pytest_evalreplay.generation import stream_into_journal
 from pytest_evalreplay.journal import FailRef, GenRef, JournalIndex, RolloutKey
 from pytest_evalreplay.metrics import TaskOutcome
@@ -70,6 +71,14 @@ class Rollouts(ABC):
     unfinished: str | None = None  # a plain run's note that --resume would reuse results
     waiting: list[RolloutKey] = field(default_factory=list)  # a shard's items that wait for a merge
     outcome: TaskOutcome | None = None
+    _episodes: EpisodeRunner | None = None
+
+    @property
+    def episodes(self) -> EpisodeRunner:
+        """An agent task's episode runner (its turns journal), made on first use."""
+        if self._episodes is None:
+            self._episodes = EpisodeRunner(self.ctx, self.name, self.task, self.plan, self.recorder)
+        return self._episodes
 
     def note_unfinished(self, index: JournalIndex | None) -> None:
         """A plain run over an output dir that holds an unfinished run says what --resume would keep."""
@@ -129,6 +138,9 @@ class Rollouts(ABC):
             if not todo:
                 return
             task = self.task
+            if task.agent is not None:
+                self.episodes.run([(*rk, r) for rk, rollouts in todo.items() for r in rollouts])
+                return
             requests = [
                 task.request(task.instance(iid), stage=stage, rollouts=rollouts)
                 for (stage, iid), rollouts in todo.items()
@@ -232,4 +244,7 @@ class Rollouts(ABC):
             recorder.write_run_dir(
                 outcome, self.ctx.run_id, self.instance_order, self.task.num_samples, self.task.postprocess
             )
+            if self.task.agent is not None:
+                keys = [item.key for item in outcome.items if item.status != "missing"]
+                transcripts.write(recorder.directory, self.name, self.episodes.transcript_rows(keys))
         return outcome

@@ -47,6 +47,7 @@ from pytest_evalreplay.runschema import (
     FORMAT,
     MANIFEST,
     SAVED_SAMPLING,
+    TRANSCRIPTS_SUFFIX,
     prediction_row,
     request_row,
     task_files,
@@ -185,7 +186,7 @@ def remove_stale_temporaries(directory: Path, prefix: str) -> None:
 
 def remove_task_files(directory: Path, task: str) -> None:
     """A task's saved results were discarded: its run dir files go too."""
-    for path in task_files(directory, task).values():
+    for path in (*task_files(directory, task).values(), directory / f"{task}{TRANSCRIPTS_SUFFIX}"):
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:

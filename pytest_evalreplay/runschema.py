@@ -28,6 +28,8 @@ PREDICTIONS_SUFFIX = "-predictions.jsonl"
 METRICS_SUFFIX = "-metrics.json"
 # An EloEval's LLM judge's verdicts, beside the candidate's predictions: its
 # journal and run dir files are those of a task named `<name>-judge`.
+TRANSCRIPTS_SUFFIX = "-transcripts.jsonl"
+TURNS_SUFFIX = "-turns"  # an agent task's journal of model turns and tool results: <task>-turns-journal.jsonl
 JUDGE_SUFFIX = "-judge"
 JUDGE_PREDICTIONS_SUFFIX = JUDGE_SUFFIX + PREDICTIONS_SUFFIX
 # A requests row's keys, in the order `request_row` writes them (replay's

@@ -136,7 +136,7 @@ class EvalTask:
         self,
         name: str,
         instances: Iterable[Mapping[str, Any]] | str | os.PathLike[str],
-        prompt: str | Callable[[Instance], Context],
+        prompt: str | Callable[[Instance], Context] | None = None,
         scorer: Scorer | BuiltinScorer | str | None = None,
         target: str | Callable[[Instance], Any] | None = None,
         system_prompt: str | None = None,
@@ -144,6 +144,8 @@ class EvalTask:
         sampling: Mapping[str, Any] | None = None,
         strip_reasoning: bool = False,
         gate: Gate | None = None,
+        agent: Callable[..., Any] | None = None,
+        max_turns: int | None = None,
     ) -> None:
         __tracebackhide__ = True  # a bad argument is reported at the user's EvalTask(...) line, in one line
         self.defined_in, self.defined_line = _caller()
@@ -160,6 +162,7 @@ class EvalTask:
                 strip_reasoning,
                 gate,
             )
+            self._setup_agent(agent, max_turns)
         except EvalReplayError as exc:
             raise EvalReplayError(str(exc)) from None
 
@@ -167,7 +170,7 @@ class EvalTask:
         self,
         name: str,
         instances: Iterable[Mapping[str, Any]] | str | os.PathLike[str],
-        prompt: str | Callable[[Instance], Context],
+        prompt: str | Callable[[Instance], Context] | None,
         scorer: Scorer | BuiltinScorer | str | None,
         target: str | Callable[[Instance], Any] | None,
         system_prompt: str | None,
@@ -188,7 +191,7 @@ class EvalTask:
             raise EvalReplayError(
                 f"task {name!r}: no instances ({what}); give at least one instance, a dict with an 'id'"
             )
-        if not isinstance(prompt, str) and not callable(prompt):
+        if prompt is not None and not isinstance(prompt, str) and not callable(prompt):
             raise EvalReplayError(f"task {name!r}: prompt must be a format string or a callable")
         self.prompt = prompt
         if isinstance(scorer, str):
@@ -226,6 +229,34 @@ class EvalTask:
         self._by_id = {inst["id"]: inst for inst in self.instances}
         self._digests: dict[tuple[int, str], str] | None = None
 
+    def _setup_agent(self, agent: Callable[..., Any] | None, max_turns: int | None) -> None:
+        """An agent task runs `agent(instance, llm)` per rollout instead of one prompt."""
+        name = self.name
+        if (agent is None) == (self.prompt is None):
+            raise EvalReplayError(
+                f"task {name!r}: give exactly one of prompt=... (one request per rollout) and "
+                "agent=... (a function solve(instance, llm) that runs an episode)"
+                + (", not both" if agent is not None else "")
+            )
+        if agent is not None and not callable(agent):
+            raise EvalReplayError(
+                f"task {name!r}: agent must be a function solve(instance, llm) (or async def), "
+                f"got {type(agent).__name__}"
+            )
+        if agent is not None and self.system_prompt is not None:
+            raise EvalReplayError(
+                f"task {name!r}: an agent sends its own messages; put the system prompt in the "
+                "messages it passes to llm.chat instead of EvalTask(system_prompt=...)"
+            )
+        if max_turns is not None and (type(max_turns) is not int or max_turns < 1):
+            raise EvalReplayError(
+                f"task {name!r}: max_turns must be a positive integer or None, got {max_turns!r}"
+            )
+        if max_turns is not None and agent is None:
+            raise EvalReplayError(f"task {name!r}: max_turns limits an agent's episode; give agent=... too")
+        self.agent = agent
+        self.max_turns = max_turns
+
     def __repr__(self) -> str:
         return f"EvalTask({self.name!r}, {len(self.instances)} instances, num_samples={self.num_samples})"
 
@@ -240,6 +271,15 @@ class EvalTask:
         and for a prompt callable that raises or returns something else than
         a string or a list of chat messages."""
         where = f"task {self.name!r}, instance {instance['id']!r}"
+        if self.prompt is None:
+            # An agent task: its episodes start from the instance itself.
+            try:
+                return orjson.dumps(instance, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
+            except TypeError as exc:
+                raise EvalReplayError(
+                    f"{where}: an agent task's instance is saved as its request, and it is not JSON "
+                    f"({exc}); give the instance JSON values"
+                ) from None
         if isinstance(self.prompt, str):
             return render_template(self.prompt, instance, where)
         try:

@@ -47,6 +47,11 @@ class TaskRun(Rollouts):
         decisions = planning.decide(
             plan, selected, index, ctx.resuming and index is not None, ctx.settings.max_attempts
         )
+        if task.agent is not None:
+            # An agent runs again at a resume: its recorded turns answer it
+            # while it asks what it asked before, so an edited agent is seen.
+            decisions.run = [key for key in selected if key not in decisions.failed]
+            decisions.reuse.clear()
         run = cls(ctx, task.name, task, plan, recorder, list(selected), decisions, gate=task.gate)
         run.note_unfinished(index)
         return run

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import select
 import signal
@@ -66,13 +67,26 @@ def answer_text(body: dict[str, Any], i: int) -> str:
 
 
 def completion(body: dict[str, Any]) -> dict[str, Any]:
-    """The deterministic 200 answer to a completions or chat body."""
+    """The deterministic 200 answer to a completions or chat body. A chat body
+    with `tools` whose last message is not a tool result is answered with a
+    call of its first tool, `{"text": <the last message's content>}`."""
     n = int(body.get("n", 1))
     chat = "messages" in body
     choices: list[dict[str, Any]] = []
     for i in range(n):
         text = answer_text(body, i)
-        if chat:
+        if chat and body.get("tools") and body["messages"][-1]["role"] != "tool":
+            # As `vllm serve --enable-auto-tool-choice` answers: no content, a call of the first tool.
+            name = body["tools"][0]["function"]["name"]
+            arguments = json.dumps({"text": body["messages"][-1]["content"]})
+            call = {
+                "id": f"call-{len(body['messages'])}-{i}",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            choices.append({"index": i, "finish_reason": "tool_calls", "message": message})
+        elif chat:
             message = {"role": "assistant", "content": text}
             choices.append({"index": i, "finish_reason": "stop", "message": message})
         else:

@@ -51,7 +51,7 @@ TASK = """
 from pytest_evalreplay import EvalTask, Gate, scorers
 t = EvalTask({name}, {instances}, prompt={prompt}, scorer={scorer}, num_samples={num_samples},
              sampling={sampling}, gate={gate}, system_prompt={system_prompt},
-             strip_reasoning={strip_reasoning})
+             strip_reasoning={strip_reasoning}, agent={agent}, max_turns={max_turns})
 """
 
 
@@ -76,6 +76,8 @@ BASE_FIELDS = {
     "gate": "None",
     "system_prompt": "None",
     "strip_reasoning": "False",
+    "agent": "None",
+    "max_turns": "None",
 }
 
 U, C, F, OK, STOPPED = (  # usage error, collection error, failed items, passed, stopped
@@ -213,6 +215,24 @@ CASES: dict[str, Case] = {
         ret=C,
         fields={"prompt": "lambda i: 1 / 0"},
         message="task 't', instance 'a': the prompt callable raised ZeroDivisionError",
+    ),
+    "a task with both prompt and agent": Case(
+        ret=C,
+        fields={"agent": "lambda i, llm: ''"},
+        message="task 't': give exactly one of prompt=... (one request per rollout) and agent=...",
+    ),
+    "a task with neither prompt nor agent": Case(
+        ret=C, fields={"prompt": "None"}, message="task 't': give exactly one of prompt=..."
+    ),
+    "an agent task with max_turns=0": Case(
+        ret=C,
+        fields={"prompt": "None", "agent": "lambda i, llm: ''", "max_turns": "0"},
+        message="task 't': max_turns must be a positive integer or None, got 0",
+    ),
+    "an agent task with a system prompt": Case(
+        ret=C,
+        fields={"prompt": "None", "agent": "lambda i, llm: ''", "system_prompt": "'be brief'"},
+        message="task 't': an agent sends its own messages; put the system prompt in the messages",
     ),
     "prompt callable returning a number": Case(
         ret=C, fields={"prompt": "lambda i: 7"}, message="the prompt callable returned int"

@@ -86,14 +86,14 @@ def describe(saved: IndexKey, wanted: IndexKey) -> str:
     elif saved_context != wanted_context:
         a, b = context_text(saved), context_text(wanted)
         what = "context" if type(saved_context) is str else "messages (as canonical JSON)"
-        parts.append(f"the {what} {_difference(a, b)}")
+        parts.append(f"the {what} {difference(a, b)}")
     if saved_system != wanted_system:
         same = "the context is the same but " if not parts else ""
         parts.append(f"{same}the system prompt is {show(saved_system)} there and {show(wanted_system)} here")
     return "; ".join(parts) if parts else "it is the same prompt"
 
 
-def _difference(saved: str, wanted: str) -> str:
+def difference(saved: str, wanted: str) -> str:
     p = common_prefix(saved, wanted)
     line = saved.count("\n", 0, p) + 1
     column = p - (saved.rfind("\n", 0, p) + 1) + 1

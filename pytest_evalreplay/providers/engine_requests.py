@@ -94,14 +94,15 @@ def plan_draws(request: Request, greedy: bool) -> list[Draw]:
     return [Draw(tuple(request.rollouts), None)]
 
 
-def unsupported(request: Request, kind: str) -> GenerationError | None:
-    """A terminal error for what a generating provider cannot serve."""
+def unsupported(request: Request, kind: str, tools: bool = False) -> GenerationError | None:
+    """A terminal error for what a generating provider cannot serve (`tools`:
+    it sends chat requests' tools and reads the calls back)."""
     if request.request_type != "generate":
         what = f"{request.request_type!r} requests"
     elif request.images:
         what = "image requests"
-    elif request.tools:
-        what = "tool requests"
+    elif request.tools and not (tools and isinstance(request.context, list)):
+        what = "tool requests" + (" with a text prompt (give chat messages)" if tools else "")
     elif not isinstance(request.context, (str, list)):
         what = f"a context of type {type(request.context).__name__}"
     else:

@@ -286,7 +286,7 @@ class OpenAIProvider:
         try:
             pool = self._executor()
             for i, request in enumerate(requests):
-                error = unsupported(request, self.kind)
+                error = unsupported(request, self.kind, tools=True)
                 if error is None:
                     try:
                         path, body, draws = plan_body(request, self.model)

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from pytest_evalreplay.model import GenerateResult, Generation, GenerationError, Request
+from pytest_evalreplay.model import GenerateResult, Generation, GenerationError, Request, tool_calls_problem
 from pytest_evalreplay.providers.engine_requests import (
     GREEDY_EPS,
     Draw,
@@ -68,9 +68,13 @@ def plan_body(request: Request, model: str) -> tuple[str, dict[str, Any], list[D
     sampling.pop("seed", None)
     body: dict[str, Any] = {"model": model, **sampling}
     if isinstance(request.context, str):
+        if request.tools:
+            raise ValueError("tools need a chat request (a list of messages), not a text prompt")
         body["prompt"] = text_prompt(request.context, request.system_prompt)
         return TEXT_PATH, body, draws
     body["messages"] = chat_messages(request.context, request.system_prompt)
+    if request.tools:  # as `vllm serve --enable-auto-tool-choice` takes them
+        body["tools"] = list(request.tools)
     return CHAT_PATH, body, draws
 
 
@@ -120,7 +124,9 @@ def _choice_tokens(choice: Mapping[str, Any]) -> int | None:
     return own if own is not None else choice.get("completion_tokens")
 
 
-def _choice_text(choice: Mapping[str, Any], chat: bool) -> tuple[str, dict[str, Any]] | str:
+def _choice_text(
+    choice: Mapping[str, Any], chat: bool
+) -> tuple[str, dict[str, Any], tuple[dict[str, Any], ...]] | str:
     """A choice's answer and metadata, or what is missing. `""` is an answer
     (the model stopped at once); a missing or null one is not: saved as `""`
     it would be scored as a wrong answer instead of failing. A chat message
@@ -128,16 +134,20 @@ def _choice_text(choice: Mapping[str, Any], chat: bool) -> tuple[str, dict[str, 
     thinking: its answer is `""`, the reasoning kept in the metadata."""
     if not chat:
         text = choice.get("text")
-        return (text, {}) if isinstance(text, str) else f"no 'text' (got {described(text)})"
+        return (text, {}, ()) if isinstance(text, str) else f"no 'text' (got {described(text)})"
     message = choice.get("message")
     message = message if isinstance(message, dict) else {}
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     metadata = {"reasoning": reasoning} if isinstance(reasoning, str) and reasoning else {}
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list) or tool_calls_problem(calls) is not None:
+        return f"malformed 'message.tool_calls' ({described(calls)})"
+    tool_calls = tuple({"id": c["id"], "type": "function", "function": dict(c["function"])} for c in calls)
     content = message.get("content")
     if isinstance(content, str):
-        return content, metadata
-    if content is None and metadata:
-        return "", metadata
+        return content, metadata, tool_calls
+    if content is None and (metadata or tool_calls):  # a turn that only calls tools has no content
+        return "", metadata, tool_calls
     return f"no 'message.content' (got {described(content)})"
 
 
@@ -199,7 +209,7 @@ def parse_generations(raw: bytes, n: int, chat: bool) -> list[Generation] | Call
         if isinstance(answer, str):
             where = f"choice {c.get('index', 0)}" if n > 1 else "its choice"
             return Malformed(f"the server's 200 answer holds no answer: {where} has {answer}", False)
-        text, metadata = answer
+        text, metadata, tool_calls = answer
         own = _choice_tokens(c)
         gens.append(
             Generation(
@@ -208,6 +218,7 @@ def parse_generations(raw: bytes, n: int, chat: bool) -> list[Generation] | Call
                 prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
                 completion_tokens=own if isinstance(own, int) else share,
                 metadata=metadata,
+                tool_calls=tool_calls,
             )
         )
     return gens

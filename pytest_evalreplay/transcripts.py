@@ -1,0 +1,139 @@
+"""`<task>-transcripts.jsonl`: one row per agent episode, written into the
+run dir and read back to replay episodes without a model or the tools.
+
+A row: `instance_id`, `stage`, `rollout`, `answer` (the final answer, or
+null when the episode failed), `error` (why it failed, or null), `turns`
+(per model turn: what was sent, `messages`, `tools`, `sampling`; what came
+back, `reply`, `finish_reason`, `prompt_tokens`, `completion_tokens`),
+`tool_results` (per tool call, in order: the `turn` it followed, the `call`
+and its `result`) and `messages` (the last messages sent, then the last
+reply). Replay matches each turn by what was sent, exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pytest_evalreplay.files import atomic_write, read_bytes
+from pytest_evalreplay.formats.closest import difference
+from pytest_evalreplay.journal import RolloutKey
+from pytest_evalreplay.model import EvalReplayError, Generation, tool_calls_problem
+from pytest_evalreplay.runschema import TRANSCRIPTS_SUFFIX
+
+_SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+
+
+def transcripts_path(directory: Path, task: str) -> Path:
+    return directory / f"{task}{TRANSCRIPTS_SUFFIX}"
+
+
+def write(directory: Path, task: str, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Write the task's transcripts file (the caller holds the task lock)."""
+    atomic_write(
+        transcripts_path(directory, task),
+        (orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE) for row in rows),
+    )
+
+
+def sent(messages: Any, tools: Any, sampling: Any) -> str:
+    """What a turn sent, as the canonical JSON text replay compares."""
+    return orjson.dumps({"messages": messages, "tools": tools, "sampling": sampling}, option=_SORTED).decode()
+
+
+class SavedEpisodes:
+    """A saved run's episodes of one task, by (stage, instance id, rollout)."""
+
+    def __init__(self, path: Path, episodes: dict[RolloutKey, dict[str, Any]]) -> None:
+        self.path = path
+        self.episodes = episodes
+
+    @classmethod
+    def read(cls, source: Path, task: str) -> SavedEpisodes:
+        """The transcripts of `task` in the run dir `source` (or `source` itself, a transcripts file)."""
+        path = transcripts_path(source, task) if source.is_dir() else source
+        if not path.is_file():
+            raise EvalReplayError(
+                f"{path}: the saved run has no transcripts for the agent task {task!r}, so its episodes "
+                "cannot be replayed without a model; replay a run dir written by the plugin"
+            )
+        episodes: dict[RolloutKey, dict[str, Any]] = {}
+        for lineno, line in enumerate(read_bytes(path).splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise EvalReplayError(f"{where}: malformed transcript line ({exc})") from None
+            ok = (
+                isinstance(row, dict)
+                and isinstance(row.get("instance_id"), str)
+                and type(row.get("stage")) is int
+                and type(row.get("rollout")) is int
+                and isinstance(row.get("turns"), list)
+                and all(isinstance(t, dict) for t in row["turns"])
+                and isinstance(row.get("tool_results"), list)
+                and all(isinstance(t, dict) and "call" in t for t in row["tool_results"])
+            )
+            if not ok:
+                raise EvalReplayError(
+                    f"{where}: not a transcript row (needs instance_id, stage, rollout, a list of turns and "
+                    "of tool_results)"
+                )
+            episodes[(row["stage"], row["instance_id"], row["rollout"])] = row
+        return cls(path, episodes)
+
+    def turn(self, key: RolloutKey, number: int, now: str) -> Generation | str:
+        """The saved reply to turn `number` of an episode, or why there is none
+        (`now`: what the agent sends at that turn, as `sent` writes it)."""
+        name = f"episode {key[1]!r} rollout {key[2]} (stage {key[0]})"
+        row = self.episodes.get(key)
+        if row is None:
+            return f"replay: {self.path} holds no {name}"
+        turns = row["turns"]
+        if number > len(turns):
+            return (
+                f"replay: {name}, turn {number}: the agent asked for another turn; the saved episode "
+                f"ended after {len(turns)} turns ({self.path})"
+            )
+        saved = turns[number - 1]
+        was = sent(saved.get("messages"), saved.get("tools"), saved.get("sampling"))
+        if was != now:
+            return (
+                f"replay: {name}, turn {number}: the agent sent what the saved episode never asked: "
+                f"the request (as canonical JSON) {difference(was, now)} ({self.path})"
+            )
+        reply = saved.get("reply")
+        calls = reply.get("tool_calls") or [] if isinstance(reply, dict) else None
+        if not isinstance(reply, dict) or not isinstance(reply.get("content") or "", str) or calls is None:
+            return f"replay: {name}, turn {number}: the saved reply is not an assistant message ({self.path})"
+        if not isinstance(calls, list) or tool_calls_problem(calls) is not None:
+            return f"replay: {name}, turn {number}: the saved reply's tool_calls are malformed ({self.path})"
+        return Generation(
+            text=reply.get("content") or "",
+            finish_reason=saved.get("finish_reason"),
+            prompt_tokens=_count(saved.get("prompt_tokens")),
+            completion_tokens=_count(saved.get("completion_tokens")),
+            tool_calls=tuple(calls),
+        )
+
+    def tool(self, key: RolloutKey, number: int, call: Mapping[str, Any]) -> tuple[bool, Any, str]:
+        """The saved result of tool call `number` of an episode: (found, result, why not)."""
+        name = f"episode {key[1]!r} rollout {key[2]} (stage {key[0]})"
+        row = self.episodes.get(key)
+        results = row["tool_results"] if row is not None else []
+        if number > len(results):
+            return False, None, f"replay: {name}: tool call {number} was never made in the saved episode"
+        saved = results[number - 1]
+        was, now = (orjson.dumps(c, option=_SORTED).decode() for c in (saved["call"], call))
+        if was != now:
+            return False, None, f"replay: {name}: tool call {number} {difference(was, now)} ({self.path})"
+        return True, saved.get("result"), ""
+
+
+def _count(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None

@@ -1,0 +1,216 @@
+"""Agent tasks: episodes batched, journaled turn by turn, resumed mid-episode,
+replayed without a model or the tools; limits and raising agents fail items."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from agent_project import AGENT, CONFTEST, INI
+
+from pytest_evalreplay import EvalTask
+from pytest_evalreplay.model import EvalReplayError
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini(INI)
+    pytester.makepyfile(test_sums=AGENT)
+    return pytester
+
+
+def calls(pytester: pytest.Pytester) -> list[list[str]]:
+    log = pytester.path / "calls.log"
+    if not log.exists():
+        return []
+    lines = [line.split() for line in log.read_text().splitlines()]
+    log.unlink()
+    return lines
+
+
+def asked(pytester: pytest.Pytester) -> list[str]:
+    return [turn for batch in calls(pytester) for turn in batch]
+
+
+def transcripts(run: Path) -> bytes:
+    return (run / "sums-transcripts.jsonl").read_bytes()
+
+
+def test_episodes_run_batched_with_tools_and_report_turns(project):
+    result = project.runpytest("--evalreplay-output=run", "--junitxml=out.xml")
+    result.assert_outcomes(passed=6)
+    batches = calls(project)
+    assert sorted(b for batch in batches for b in batch) == sorted(
+        f"q{i}|r0|t{t}" for i in range(6) for t in (1, 2)
+    )
+    assert max(map(len, batches)) > 1  # the provider sees turns of many episodes at once
+    xml = (project.path / "out.xml").read_text()
+    assert 'name="agent.turns" value="2"' in xml and 'name="agent.tool_calls" value="1"' in xml
+    rows = [orjson.loads(line) for line in transcripts(project.path / "run").splitlines()]
+    assert [r["instance_id"] for r in rows] == [f"q{i}" for i in range(6)]
+    assert rows[2]["tool_results"][0]["result"] == 6 and rows[2]["answer"] == "The answer is 6"
+    assert [t["finish_reason"] for t in rows[2]["turns"]] == ["tool_calls", "stop"]
+    pred = orjson.loads((project.path / "run" / "sums-predictions.jsonl").read_bytes().splitlines()[2])
+    assert pred["generations"][0]["text"] == "The answer is 6"
+
+
+def test_async_agents_run_in_one_loop(project):
+    project.makepyfile(
+        test_sums=AGENT.replace("def solve(", "async def solve(")
+        .replace("llm.chat(", "await llm.chat(")
+        .replace("llm.tool(", "await llm.tool(")
+    )
+    project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+    assert max(map(len, calls(project))) > 1
+
+
+def test_resume_answers_every_recorded_turn_and_tool_from_the_journal(project):
+    project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+    calls(project)
+    before = transcripts(project.path / "run")
+    project.makepyfile(test_sums=AGENT.replace("return a + b", "raise RuntimeError('tool ran')"))
+    project.runpytest("--evalreplay-output=run", "--resume").assert_outcomes(passed=6)
+    assert calls(project) == []
+    assert transcripts(project.path / "run") == before
+
+
+def test_a_crash_after_turn_one_costs_only_the_turns_not_journaled(project):
+    project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+    calls(project)
+    run = project.path / "run"
+    before = transcripts(run)
+    # Cut the turns journal back to what a kill during the second batch leaves:
+    # every turn 1 and its tool result, nothing of turn 2 and no final answer.
+    turns = run / "sums-turns-journal.jsonl"
+    lines = turns.read_bytes().splitlines(keepends=True)
+    cut = next(n for n, line in enumerate(lines) if b"|t2" in line)
+    turns.write_bytes(b"".join(lines[:cut]))
+    main = run / "sums-journal.jsonl"
+    main.write_bytes(
+        b"".join(line for line in main.read_bytes().splitlines(keepends=True) if b'"gen"' not in line)
+    )
+    project.runpytest("--evalreplay-output=run", "--resume").assert_outcomes(passed=6)
+    assert sorted(asked(project)) == sorted(f"q{i}|r0|t2" for i in range(6))
+    assert transcripts(run) == before
+
+
+def test_an_edited_agent_goes_live_from_the_first_turn_that_differs(project):
+    project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+    calls(project)
+    edited = AGENT.replace(
+        "messages.append(tool_message(call, llm.tool(call, add)))",
+        "messages.append(tool_message(call, llm.tool(call, add)))\n"
+        "            if instance['id'] in ('q2', 'q4'):\n"
+        "                messages[-1]['content'] += ' '",
+    )
+    project.makepyfile(test_sums=edited)
+    project.runpytest("--evalreplay-output=run", "--resume").assert_outcomes(passed=6)
+    assert sorted(asked(project)) == ["q2|r0|t2", "q4|r0|t2"]
+
+
+def test_replay_needs_neither_the_model_nor_the_tools(project):
+    project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+    project.makeconftest(
+        "def pytest_evalreplay_make_provider(config, kind):\n"
+        "    if kind != 'replay':\n"
+        "        raise ImportError('no model here')\n"
+    )
+    project.makepyfile(test_sums=AGENT.replace("return a + b", "raise RuntimeError('tool ran')"))
+    project.runpytest("--evalreplay-predictions=run", "--evalreplay-output=again").assert_outcomes(passed=6)
+    metrics = [
+        orjson.loads((project.path / d / "sums-metrics.json").read_bytes())["metrics"]
+        for d in ("run", "again")
+    ]
+    assert metrics[0] == metrics[1]
+    assert transcripts(project.path / "again") == transcripts(project.path / "run")
+
+
+def test_replay_of_an_edited_agent_fails_the_episode_naming_turn_and_character(project):
+    project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+    edited = AGENT.replace("What is {instance['a']}", "What's {instance['a']}")
+    project.makepyfile(test_sums=edited.replace("turn = llm.chat(", "turn = llm.chat("))
+    result = project.runpytest("--evalreplay-predictions=run", "--evalreplay-output=again")
+    result.assert_outcomes(failed=6)
+    result.stdout.fnmatch_lines(
+        [
+            "*episode 'q0' rollout 0 (stage 1), turn 1: the agent sent what the saved episode "
+            "never asked*first differs at character*"
+        ]
+    )
+
+
+def test_max_turns_fails_the_item_and_keeps_the_transcript(project):
+    project.makepyfile(test_sums=AGENT.replace("max_turns=4", "max_turns=1"))
+    result = project.runpytest("--evalreplay-output=run")
+    result.assert_outcomes(failed=6)
+    result.stdout.fnmatch_lines(["*asked for turn 2, past max_turns=1*"])
+    rows = [orjson.loads(line) for line in transcripts(project.path / "run").splitlines()]
+    assert len(rows) == 6 and all(len(r["turns"]) == 1 and "max_turns=1" in r["error"] for r in rows)
+    doc = orjson.loads((project.path / "run" / "sums-metrics.json").read_bytes())
+    assert doc["num_failed"] == 6 and doc["metrics"] == {}
+
+
+def test_an_agent_that_raises_fails_its_item(project):
+    project.makepyfile(test_sums=AGENT.replace("return turn.text", "raise ValueError('confused')"))
+    result = project.runpytest("--evalreplay-output=run")
+    result.assert_outcomes(failed=6)
+    result.stdout.fnmatch_lines(["*episode 'q0' rollout 0: the agent raised ValueError: confused*"])
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"prompt": "{q}", "agent": lambda i, llm: ""}])
+def test_a_task_takes_exactly_one_of_prompt_and_agent(kwargs):
+    with pytest.raises(EvalReplayError, match=r"exactly one of prompt=\.\.\. .* and agent=\.\.\."):
+        EvalTask("t", [{"id": "a", "q": "x"}], scorer=lambda t, i: 1.0, **kwargs)
+
+
+STUB_AGENT = r"""
+from pytest_evalreplay import EvalTask
+from pytest_evalreplay.agent import tool_message
+
+ECHO = {"type": "function", "function": {"name": "echo", "parameters": {"type": "object"}}}
+
+
+def echo(text):
+    return text.upper()
+
+
+def solve(instance, llm):
+    messages = [{"role": "user", "content": instance["q"]}]
+    for _ in range(3):
+        turn = llm.chat(messages, tools=[ECHO], temperature=0)
+        messages.append(turn.message)
+        if not turn.tool_calls:
+            return turn.text
+        for call in turn.tool_calls:
+            messages.append(tool_message(call, llm.tool(call, echo)))
+    return turn.text
+
+
+agent = EvalTask("agent", [{"id": f"q{i}", "q": f"word{i}"} for i in range(4)], agent=solve,
+                 scorer=lambda text, inst: inst["q"].upper() in text)
+"""
+
+
+def test_an_agent_over_the_openai_provider_sends_tools_and_reads_tool_calls(pytester):
+    from http_stub import StubServer
+
+    pytester.makepyfile(test_agent=STUB_AGENT)
+    with StubServer("stub-model") as stub:
+        args = [
+            "--evalreplay-provider=openai",
+            "--evalreplay-model=stub-model",
+            f"--evalreplay-base-url={stub.url}",
+        ]
+        pytester.runpytest(*args, "--evalreplay-output=run").assert_outcomes(passed=4)
+        assert stub.answered == 8  # two turns per episode: a tool call, then the answer
+        rows = [
+            orjson.loads(line)
+            for line in (pytester.path / "run" / "agent-transcripts.jsonl").read_bytes().splitlines()
+        ]
+        first = rows[0]["turns"][0]["reply"]["tool_calls"][0]["function"]
+        assert first == {"name": "echo", "arguments": '{"text": "word0"}'}
+        assert rows[0]["tool_results"][0]["result"] == "WORD0"
+        pytester.runpytest(*args, "--evalreplay-output=run", "--resume").assert_outcomes(passed=4)
+        assert stub.answered == 8  # every turn came from the journal
