@@ -123,6 +123,11 @@ class EloEval:
             raise EvalReplayError(
                 f"{where}: pool must be an EvalTask (the tasks and prompt the candidate answers)"
             )
+        if pool.agent is not None:
+            raise EvalReplayError(
+                f"{where}: pool {pool.name!r} is an agent task; an EloEval judges one answer per "
+                "prompt, so its pool must be a prompt task (EvalTask(..., prompt=...))"
+            )
         self.pool = pool
         if not isinstance(references, Mapping) or not references:
             raise EvalReplayError(

@@ -407,6 +407,11 @@ class EvalTask:
 
     def evaluate(self, provider: Provider, max_attempts: int = 3) -> EvalResult:
         """Generate and score every instance with `provider`, outside pytest."""
+        if self.agent is not None:
+            raise EvalReplayError(
+                f"task {self.name!r} is an agent task: EvalTask.evaluate runs prompt tasks; run an "
+                "agent task under pytest (its episodes are journaled turn by turn there)"
+            )
         requests = [self.request(inst) for inst in self.instances]
         results = run_requests(self, provider, requests, max_attempts=max_attempts)
         metrics, scores = aggregate(results)

@@ -165,6 +165,22 @@ def test_a_task_takes_exactly_one_of_prompt_and_agent(kwargs):
         EvalTask("t", [{"id": "a", "q": "x"}], scorer=lambda t, i: 1.0, **kwargs)
 
 
+def test_evaluate_outside_pytest_refuses_an_agent_task():
+    task = EvalTask("t", [{"id": "a"}], agent=lambda i, llm: "", scorer=lambda t, i: 1.0)
+    with pytest.raises(
+        EvalReplayError, match=r"task 't' is an agent task: EvalTask\.evaluate runs prompt tasks"
+    ):
+        task.evaluate(object())  # type: ignore[arg-type]
+
+
+def test_an_elo_eval_refuses_an_agent_pool():
+    from pytest_evalreplay import EloEval, Reference, Stage
+
+    pool = EvalTask("p", [{"id": "a"}], agent=lambda i, llm: "", scorer=lambda t, i: 1.0)
+    with pytest.raises(EvalReplayError, match="pool 'p' is an agent task"):
+        EloEval("e", pool, {"r": Reference(1000.0, "x")}, [Stage()], judge=lambda i, c, r: 1.0)
+
+
 STUB_AGENT = r"""
 from pytest_evalreplay import EvalTask
 from pytest_evalreplay.agent import tool_message
