@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 _NAME = re.compile(r"(pass|maj)@([1-9][0-9]*)(?::(.+))?\Z", re.DOTALL)
 
@@ -174,3 +174,48 @@ def instance_values(
         else:
             out[metric.name] = maj_at_k([answer for _, answer in rollouts], right, metric.k)
     return out
+
+
+def by_instance(
+    metrics: Sequence[SampleMetric], samples: Iterable[tuple[str, Mapping[str, float], Hashable]]
+) -> dict[str, dict[str, float]]:
+    """Each instance's values from its scored samples, given as (instance id,
+    scores, answer); instances with no value are left out."""
+    grouped: dict[str, list[tuple[Mapping[str, float], Hashable]]] = {}
+    for iid, scores, answer in samples:
+        grouped.setdefault(iid, []).append((scores, answer))
+    out: dict[str, dict[str, float]] = {}
+    for iid, rollouts in grouped.items():
+        values = instance_values(metrics, rollouts)
+        if values:
+            out[iid] = values
+    return out
+
+
+def requested(names: Any, gate_metric: str | None, num_samples: int) -> tuple[SampleMetric, ...]:
+    """The metrics a task asks for: its `metrics=` list, plus the gate's metric
+    when that is a pass@k / maj@k name. Raises ValueError saying what to fix."""
+    if names is None:
+        names = []
+    if isinstance(names, str) or not isinstance(names, (list, tuple)):
+        raise ValueError(f"metrics must be a list of names such as ['pass@4', 'maj@4'], got {names!r:.60}")
+    out: dict[str, SampleMetric] = {}
+    for name in names:
+        metric = parse(name) if isinstance(name, str) else None
+        if metric is None:
+            raise ValueError(
+                f"unknown metric {name!r:.60} in metrics=: the sample metrics are 'pass@k' and 'maj@k' "
+                "(k a positive integer; ':<score>' after it names the score that says correct)"
+            )
+        out.setdefault(metric.name, metric)
+    gated = parse(gate_metric) if gate_metric is not None else None
+    if gated is not None:
+        out.setdefault(gated.name, gated)
+    for metric in out.values():
+        if metric.k > num_samples:
+            where = "the gate's metric" if metric is gated and metric.name not in names else "metric"
+            raise ValueError(
+                f"{where} {metric.name!r} needs num_samples >= {metric.k} (the task has "
+                f"num_samples={num_samples}); raise num_samples or lower k"
+            )
+    return tuple(out.values())

@@ -7,12 +7,13 @@ import numbers
 import os
 import string
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from pytest_evalreplay import passk
 from pytest_evalreplay.execution import run_requests
 from pytest_evalreplay.formats.instances import load_instances
 from pytest_evalreplay.model import (
@@ -144,6 +145,7 @@ class EvalTask:
         sampling: Mapping[str, Any] | None = None,
         strip_reasoning: bool = False,
         gate: Gate | None = None,
+        metrics: Sequence[str] | None = None,
     ) -> None:
         __tracebackhide__ = True  # a bad argument is reported at the user's EvalTask(...) line, in one line
         self.defined_in, self.defined_line = _caller()
@@ -159,6 +161,7 @@ class EvalTask:
                 sampling,
                 strip_reasoning,
                 gate,
+                metrics,
             )
         except EvalReplayError as exc:
             raise EvalReplayError(str(exc)) from None
@@ -175,6 +178,7 @@ class EvalTask:
         sampling: Mapping[str, Any] | None,
         strip_reasoning: bool,
         gate: Gate | None,
+        metrics: Sequence[str] | None = None,
     ) -> None:
         self.name = validate_task_name(name)
         base = self.defined_in.parent if self.defined_in is not None else Path.cwd()
@@ -223,6 +227,10 @@ class EvalTask:
             raise EvalReplayError(f"task {name!r}: gate must be a Gate(...), got {type(gate).__name__}")
         # Not part of config(): a threshold changes the verdict, not the results.
         self.gate = gate
+        try:  # pass@k / maj@k over each instance's samples (docs/passk.md)
+            self.sample_metrics = passk.requested(metrics, gate.metric if gate else None, num_samples)
+        except ValueError as exc:
+            raise EvalReplayError(f"task {name!r}: {exc}") from None
         self._by_id = {inst["id"]: inst for inst in self.instances}
         self._digests: dict[tuple[int, str], str] | None = None
 
@@ -337,9 +345,36 @@ class EvalTask:
             value: Any = self.scorer.score(text, self.target_of(instance))
         else:
             value = self.scorer(text, instance)
-        if isinstance(value, Mapping):
-            return self._score_dict(value)
-        return {self.scorer_name: _as_float(value, self.name, self.scorer_name)}
+        scores = (
+            self._score_dict(value)
+            if isinstance(value, Mapping)
+            else {self.scorer_name: _as_float(value, self.name, self.scorer_name)}
+        )
+        for metric in self.sample_metrics:  # a sample pass@k / maj@k cannot judge fails here, by name
+            try:
+                passk.correctness(metric, scores)
+            except ValueError as exc:
+                raise EvalReplayError(f"task {self.name!r}: {exc}") from None
+            if metric.kind == "maj":
+                self.answer(text, instance)
+        return scores
+
+    def answer(self, text: str, instance: Instance) -> Hashable:
+        """The answer maj@k counts votes for: what the scorer compares (a
+        built-in's extracted, normalised span or number; a scorer object's
+        `answer(text, instance)` method), else the stripped text."""
+        if isinstance(self.scorer, BUILTIN_TYPES):
+            return self.scorer.answer(text)
+        method = getattr(self.scorer, "answer", None)
+        if callable(method):
+            value = method(text, instance)
+            if not isinstance(value, Hashable):
+                raise EvalReplayError(
+                    f"task {self.name!r}: the scorer's answer() returned {type(value).__name__}, "
+                    "which cannot be counted; return a string, a number or None"
+                )
+            return value
+        return text.strip()
 
     def _score_dict(self, value: Mapping[Any, Any]) -> dict[str, float]:
         """A scorer's dict as named scores: never empty (a rollout with no
@@ -369,7 +404,20 @@ class EvalTask:
         """Generate and score every instance with `provider`, outside pytest."""
         requests = [self.request(inst) for inst in self.instances]
         results = run_requests(self, provider, requests, max_attempts=max_attempts)
-        metrics, scores = aggregate(results)
+        votes = any(m.kind == "maj" for m in self.sample_metrics)
+        values = passk.by_instance(
+            self.sample_metrics,
+            (
+                (
+                    r.instance_id,
+                    r.scores,
+                    self.answer(r.generation.text, self.instance(r.instance_id)) if votes else None,
+                )
+                for r in results
+                if r.ok and r.generation is not None
+            ),
+        )
+        metrics, scores = aggregate(results, values)
         errors: dict[str, str] = {}
         for r in results:
             if not r.ok and r.instance_id not in errors:

@@ -4,7 +4,7 @@ runs (so pytest-xdist spreads scoring), and write the run dir at the end."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +37,9 @@ class TaskRun(Rollouts):
     ) -> TaskRun:
         """Plan the task (its full key list, the requests rendered now) and sort
         its selected keys into reuse, run and failed-before."""
-        plan = TaskPlan(task.name, tuple(all_keys), task.request_digests(), ctx.provider_digest)
+        plan = TaskPlan(
+            task.name, tuple(all_keys), task.request_digests(), ctx.provider_digest, task.sample_metrics
+        )
         recorder, index = open_recorder(ctx, task.name, plan, len(selected) < len(all_keys), directory)
         decisions = planning.decide(
             plan, selected, index, ctx.resuming and index is not None, ctx.settings.max_attempts
@@ -149,9 +151,14 @@ class TaskRun(Rollouts):
     def outcome_now(self) -> TaskOutcome:
         s = self.ctx.settings
         self.outcome = task_outcome(
-            self.plan, self.recorder.index, s.max_attempts, self.ctx.run_id, self.ctx.model()
+            self.plan, self.recorder.index, s.max_attempts, self.ctx.run_id, self.ctx.model(), self._answer
         )
         return self.outcome
+
+    def _answer(self, key: RolloutKey, gen: GenRef) -> Hashable:
+        """A scored generation's answer, for maj@k's vote (as scoring saw it)."""
+        text = self.task.postprocess(self.recorder.index.generation(gen)).text
+        return self.task.answer(text, self.task.instance(key[1]))
 
     def before_finish(self) -> None:
         """Score, with the current scorer, the generations the journal holds for
