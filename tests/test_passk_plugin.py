@@ -198,3 +198,27 @@ math = EvalTask("math", [{"id": i, "target": 5} for i in ("q0", "q1", "q2", "q3"
     result.assert_outcomes(passed=16)
     # target 5: q0 2-2 tie (1/2), q1 3 of 4 say 5 (1), q2 0, q3 1 of 4 says 5 and 6 wins (0)
     assert metrics_doc(pytester)["metrics"]["maj@4"] == pytest.approx(1.5 / 4)
+
+
+def test_a_scorer_object_says_what_its_answer_is():
+    class Parity:
+        """Right on even numbers; the answer maj@k counts is the number's parity."""
+
+        __name__ = "even"
+
+        def __call__(self, text, instance):
+            return int(text) % 2 == 0
+
+        def answer(self, text, instance):
+            return int(text) % 2
+
+    class Counter:
+        kind = "counter"
+        model = "counter-1"
+
+        def generate(self, requests):
+            # q0: 2, 4, 5 -> two even answers (one answer: parity 0) against one odd: maj right
+            return [[Generation(text=t) for t in ("2", "4", "5")] for _ in requests]
+
+    task = EvalTask("p", [{"id": "q0"}], prompt="{id}", scorer=Parity(), num_samples=3, metrics=["maj@3"])
+    assert task.evaluate(Counter()).metrics["maj@3"] == 1.0
