@@ -142,3 +142,12 @@ def numeric_match(
 
 def contains(normalize: bool = True) -> Contains:
     return Contains(normalize=normalize)
+
+
+def graded(rubric: Any, judge: Any) -> Any:
+    """An answer graded by a judge model, one score per rubric criterion
+    (`rubric.graded`; docs/grading.md)."""
+    __tracebackhide__ = True  # a bad rubric or judge is reported at the user's line
+    from pytest_evalreplay.rubric import graded as build
+
+    return build(rubric, judge)

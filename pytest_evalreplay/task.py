@@ -29,6 +29,7 @@ from pytest_evalreplay.model import (
     aggregate,
     request_digest,
 )
+from pytest_evalreplay.rubric import Graded
 from pytest_evalreplay.scorers import BUILTIN_TYPES, BUILTINS, BuiltinScorer, strip_reasoning
 
 Scorer = Callable[[str, Instance], "float | bool | Mapping[str, float]"]
@@ -201,7 +202,7 @@ class EvalTask:
                     f"task {name!r}: unknown scorer {scorer!r}; built-ins are {sorted(BUILTINS)}"
                 )
             scorer = BUILTINS[scorer]
-        if scorer is not None and not callable(scorer) and not isinstance(scorer, BUILTIN_TYPES):
+        if scorer is not None and not callable(scorer) and not isinstance(scorer, (*BUILTIN_TYPES, Graded)):
             raise EvalReplayError(f"task {name!r}: scorer must be callable or a built-in scorer")
         self.scorer = scorer
         self.target = target
@@ -334,15 +335,22 @@ class EvalTask:
             metadata=generation.metadata,
         )
 
-    def score(self, text: str, instance: Instance) -> dict[str, float]:
-        """Scores as a dict of floats; raises what the scorer raises."""
+    def score(
+        self, text: str, instance: Instance, grades: Mapping[str, float] | None = None
+    ) -> dict[str, float]:
+        """Scores as a dict of floats; raises what the scorer raises. `grades`:
+        a graded scorer's verdicts, which only a session reads (`grader.py`)."""
         if self.scorer is None:
             raise EvalReplayError(
                 f"task {self.name!r} has no scorer: give EvalTask(scorer=...) "
                 "(only an EloEval's pool needs none)"
             )
-        if isinstance(self.scorer, BUILTIN_TYPES):
-            value: Any = self.scorer.score(text, self.target_of(instance))
+        if isinstance(self.scorer, Graded):
+            if grades is None:
+                raise EvalReplayError(self._graded_outside())
+            value: Any = grades
+        elif isinstance(self.scorer, BUILTIN_TYPES):
+            value = self.scorer.score(text, self.target_of(instance))
         else:
             value = self.scorer(text, instance)
         scores = (
@@ -358,6 +366,12 @@ class EvalTask:
             if metric.kind == "maj":
                 self.answer(text, instance)
         return scores
+
+    def _graded_outside(self) -> str:
+        return (
+            f"task {self.name!r}: scorers.graded(...) grades in a pytest session, where its verdicts "
+            "are journaled and replayed; run the task with pytest"
+        )
 
     def answer(self, text: str, instance: Instance) -> Hashable:
         """The answer maj@k counts votes for: what the scorer compares (a
@@ -402,6 +416,8 @@ class EvalTask:
 
     def evaluate(self, provider: Provider, max_attempts: int = 3) -> EvalResult:
         """Generate and score every instance with `provider`, outside pytest."""
+        if isinstance(self.scorer, Graded):
+            raise EvalReplayError(self._graded_outside())
         requests = [self.request(inst) for inst in self.instances]
         results = run_requests(self, provider, requests, max_attempts=max_attempts)
         votes = any(m.kind == "maj" for m in self.sample_metrics)

@@ -12,11 +12,13 @@ from pytest_evalreplay import planning
 from pytest_evalreplay.context import RunContext
 from pytest_evalreplay.execution import score_generation
 from pytest_evalreplay.gates import BaselineTask, PairedDrop
+from pytest_evalreplay.grader import Grading
 from pytest_evalreplay.journal import GenRef, RolloutKey, ScoreRef
 from pytest_evalreplay.metrics import TaskOutcome, task_outcome
 from pytest_evalreplay.model import Generation, RolloutResult
 from pytest_evalreplay.planning import TaskPlan
 from pytest_evalreplay.rollouts import Rollouts, open_recorder
+from pytest_evalreplay.rubric import Graded
 from pytest_evalreplay.task import EvalTask
 
 
@@ -25,6 +27,8 @@ class TaskRun(Rollouts):
     results: dict[RolloutKey, RolloutResult] = field(default_factory=dict)  # computed, not yet reported
     resolved: set[RolloutKey] = field(default_factory=set)  # scored or failed by this process
     running: tuple[str, float, int] | None = None  # the first metric: name, sum, count so far
+    grading: Grading | None = None  # the judge of a scorers.graded(...) task
+    graded: set[RolloutKey] = field(default_factory=set)  # rollouts whose grades were asked for
 
     @classmethod
     def register(
@@ -45,6 +49,8 @@ class TaskRun(Rollouts):
             plan, selected, index, ctx.resuming and index is not None, ctx.settings.max_attempts
         )
         run = cls(ctx, task.name, task, plan, recorder, list(selected), decisions, gate=task.gate)
+        if isinstance(task.scorer, Graded):
+            run.grading = Grading(ctx, task, task.scorer, directory, reset=index is None)
         run.note_unfinished(index)
         return run
 
@@ -66,18 +72,40 @@ class TaskRun(Rollouts):
             self.resolved.add(key)
             return self.failed_before(key)
         gen = self.own_gen(key)
+        chunk = self.chunk_of[(key[0], key[1])]
         if gen is None and self.own_failure(key) is None:
-            self.generate_chunk(self.chunk_of[(key[0], key[1])])
+            self.generate_chunk(chunk)
             gen = self.own_gen(key)
         if gen is None:
             self.resolved.add(key)
             return self.not_generated(key)
+        if self.grading is not None and key not in self.graded:  # the chunk's grades in one batch
+            mine = [(*rk, r) for rk in self.chunks[chunk] for r in self.rollouts_of[rk]]
+            self._grade([(k, g) for k in mine if (g := self.own_gen(k)) is not None])
         return self._score(key, self.recorder.index.generation(gen), gen.run)
+
+    def _grade(self, items: Sequence[tuple[RolloutKey, GenRef]]) -> None:
+        """Ask a graded task's judge about these rollouts' answers, in one batch."""
+        todo = [(key, gen) for key, gen in items if key not in self.graded]
+        if self.grading is None or not todo:
+            return
+        index = self.recorder.index
+        self.grading.ask([(key, self.task.postprocess(index.generation(gen)).text) for key, gen in todo])
+        self.graded.update(key for key, _ in todo)
 
     def _score(self, key: RolloutKey, raw: Generation, of: str) -> RolloutResult:
         task = self.task
         generation = task.postprocess(raw)
-        scores, error = score_generation(task, task.instance(key[1]), generation)
+        if self.grading is not None:
+            if key not in self.graded:
+                self.grading.ask([(key, generation.text)])
+                self.graded.add(key)
+            grades, error = self.grading.scores(key, generation.text)
+            scores = None
+            if grades is not None:
+                scores, error = score_generation(task, task.instance(key[1]), generation, grades)
+        else:
+            scores, error = score_generation(task, task.instance(key[1]), generation)
         self.recorder.add(self.recorder.score(key, of, scores, error))
         self.resolved.add(key)
         self._tally(scores)
@@ -120,6 +148,8 @@ class TaskRun(Rollouts):
         self.ctx.progress.metric(self.name, f"{name}={self.running[1] / self.running[2]:.3f}")
 
     def rescore_reused(self) -> list[RolloutKey]:
+        if self.grading is not None and not self.ctx.settings.reuse_scores:
+            self._grade(list(self.decisions.reuse.items()))
         done = [key for key in self.decisions.reuse if self._score_reused(key).ok]
         self.recorder.flush()
         self.touched = True
@@ -171,6 +201,7 @@ class TaskRun(Rollouts):
         index = self.recorder.index
         share = self.ctx.worker
         shard = self.ctx.settings.shard
+        todo: list[tuple[RolloutKey, GenRef]] = []
         for n, key in enumerate(self.plan.keys):
             if key in selected or (share is not None and n % share.count != share.index % share.count):
                 continue
@@ -178,7 +209,12 @@ class TaskRun(Rollouts):
                 continue
             gen, _ = index.standing(key, self.plan.request_of(key), self.plan.provider)
             if gen is not None and self._kept_scores(key, gen) is None:
-                self._score(key, index.generation(gen), gen.run)
+                todo.append((key, gen))
+        self._grade(todo)
+        for key, gen in todo:
+            self._score(key, index.generation(gen), gen.run)
+        if self.grading is not None:
+            self.grading.write_files()
 
     def paired_drop(self, baseline: BaselineTask) -> PairedDrop | None:
         return None  # the gate pairs the instance scores

@@ -293,6 +293,17 @@ CASES: dict[str, Case] = {
         ret=F,
         message="scorer 'score' returned keys 1 and '1', both named '1' once saved",
     ),
+    "a graded scorer with an empty rubric": Case(
+        ret=C,
+        fields={"scorer": 'scorers.graded({}, __import__("pytest_evalreplay").judges.llm())'},
+        message="scorers.graded(rubric=...) is empty: give at least one criterion",
+    ),
+    "a graded scorer whose judge is a function": Case(
+        ret=C,
+        fields={"scorer": 'scorers.graded({"ok": "is right"}, lambda i, a, b: 1.0)'},
+        message="scorers.graded(judge=...) must be judges.llm(...) (a judge model on a provider), "
+        "got function",
+    ),
     "pass@k with k above num_samples": Case(
         ret=C,
         fields={"num_samples": "2", "metrics": '["pass@4"]'},
