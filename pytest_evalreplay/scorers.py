@@ -53,12 +53,12 @@ class ExactMatch:
     name: str = "exact_match"
 
     def score(self, text: str, target: Any) -> float:
-        answer = _extract(text, self.extract)
+        answer = self.answer(text)
         if answer is None:
             return 0.0
         targets = target if isinstance(target, (list, tuple)) else [target]
         prep = normalize if self.normalize else str.strip
-        return float(any(prep(answer) == prep(str(t)) for t in targets))
+        return float(any(answer == prep(str(t)) for t in targets))
 
     def answer(self, text: str) -> str | None:
         """What `score` compares (maj@k's vote): the extracted span as compared, or None."""
@@ -112,7 +112,7 @@ class Contains:
     def score(self, text: str, target: Any) -> float:
         targets = target if isinstance(target, (list, tuple)) else [target]
         prep = normalize if self.normalize else (lambda s: s)
-        hay = prep(text)
+        hay = self.answer(text)
         return float(any(prep(str(t)) in hay for t in targets))
 
     def answer(self, text: str) -> str:

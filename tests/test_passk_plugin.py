@@ -222,3 +222,37 @@ def test_a_scorer_object_says_what_its_answer_is():
 
     task = EvalTask("p", [{"id": "q0"}], prompt="{id}", scorer=Parity(), num_samples=3, metrics=["maj@3"])
     assert task.evaluate(Counter()).metrics["maj@3"] == 1.0
+
+
+def test_a_significant_pass_at_k_drop_fails_the_gate(pytester, monkeypatch):
+    pytester.makeconftest(
+        """
+import os
+from pytest_evalreplay import Generation
+
+class Sampler:
+    kind, model = "sampler", "sampler-1"
+
+    def generate(self, requests):
+        right = 0 if os.environ.get("WORSE") else 2  # of each instance's 4 samples
+        return [[Generation(text="4" if n < right else "5") for n in r.rollouts] for r in requests]
+
+def pytest_evalreplay_make_provider(config, kind):
+    return Sampler() if kind == "sampler" else None
+"""
+    )
+    pytester.makeini("[pytest]\nevalreplay_provider = sampler\n")
+    pytester.makepyfile(
+        test_evals="""
+from pytest_evalreplay import EvalTask, Gate
+
+math = EvalTask("math", [{"id": f"q{n}", "target": "4"} for n in range(30)], prompt="{id}",
+                scorer="exact_match", num_samples=4, gate=Gate("pass@2", max_drop=0.1))
+"""
+    )
+    args = ("--evalreplay-output=run", "--evalreplay-baseline=b.json")
+    pytester.runpytest(*args, "--evalreplay-update-baseline").assert_outcomes(passed=121)
+    monkeypatch.setenv("WORSE", "1")
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=120, failed=1)
+    result.stdout.fnmatch_lines(["*pass@2 dropped 0.8333 below the baseline over 30 paired instances*"])
