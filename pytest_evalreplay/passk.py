@@ -95,6 +95,10 @@ def maj_at_k(answers: Sequence[Hashable], correct: Sequence[float], k: int) -> f
         groups.setdefault(answer, []).append(float(right))
     counts = [len(v) for v in groups.values()]
     quality = [Fraction(math.fsum(v)) / len(v) for v in groups.values()]
+    if k == n:  # one subset: the plain vote
+        top = max(counts)
+        winners = [q for c, q in zip(counts, quality, strict=True) if c == top]
+        return float(sum(winners) / len(winners))
     total = Fraction(0)
     for j, (c_j, q_j) in enumerate(zip(counts, quality, strict=True)):
         if q_j == 0:
@@ -102,6 +106,8 @@ def maj_at_k(answers: Sequence[Hashable], correct: Sequence[float], k: int) -> f
         others = counts[:j] + counts[j + 1 :]
         wins = Fraction(0)
         for t in range(1, min(c_j, k) + 1):
+            if t + sum(min(c, t) for c in others) < k:
+                continue  # the others cannot fill the subset without outvoting t
             ties = _fillings(others, t, k - t)
             wins += math.comb(c_j, t) * sum(Fraction(w, u + 1) for u, w in enumerate(ties))
         total += q_j * wins
@@ -112,16 +118,19 @@ def _fillings(counts: Sequence[int], cap: int, places: int) -> list[int]:
     """Ways to choose exactly `places` samples from groups of `counts`, at
     most `cap` from each, indexed by how many groups give exactly `cap`."""
     # table[s][u]: ways to choose s samples so far with u groups at the cap
-    table = [[0] * (len(counts) + 1) for _ in range(places + 1)]
+    # (at most places // cap groups can reach it)
+    width = min(len(counts), places // cap) + 1
+    table = [[0] * width for _ in range(places + 1)]
     table[0][0] = 1
     for size in counts:
-        new = [[0] * (len(counts) + 1) for _ in range(places + 1)]
+        choose = [math.comb(size, x) for x in range(min(size, cap) + 1)]
+        new = [[0] * width for _ in range(places + 1)]
         for s, row in enumerate(table):
             for u, ways in enumerate(row):
                 if not ways:
                     continue
-                for x in range(min(size, cap, places - s) + 1):
-                    new[s + x][u + (x == cap)] += ways * math.comb(size, x)
+                for x in range(min(len(choose) - 1, places - s) + 1):
+                    new[s + x][u + (x == cap)] += ways * choose[x]
         table = new
     return table[places]
 

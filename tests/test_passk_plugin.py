@@ -256,3 +256,11 @@ math = EvalTask("math", [{"id": f"q{n}", "target": "4"} for n in range(30)], pro
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=120, failed=1)
     result.stdout.fnmatch_lines(["*pass@2 dropped 0.8333 below the baseline over 30 paired instances*"])
+
+
+def test_a_replay_of_the_run_dir_gives_the_same_metrics(pytester, suite):
+    suite('metrics=["pass@2", "maj@4"]')
+    pytester.runpytest("--evalreplay-output=run").assert_outcomes(passed=16)
+    result = pytester.runpytest("--evalreplay-output=again", "--evalreplay-predictions=run")
+    result.assert_outcomes(passed=16)
+    assert metrics_doc(pytester, "again")["metrics"] == metrics_doc(pytester)["metrics"]
