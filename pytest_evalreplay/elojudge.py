@@ -87,6 +87,74 @@ class _ReadableOnly:
         return result
 
 
+def judge_provider(
+    ctx: RunContext, judge: LlmJudge, name: str, readable: Callable[[str], bool] | None
+) -> tuple[Any, str, dict[str, Any]]:
+    """An LLM judge's provider, its digest and identity: the saved verdicts of
+    `<name>` when the session replays (--evalreplay-predictions), else the
+    judge's provider (the session's own when it names none). `readable`: a
+    reply it says no to is a retryable failure, then a judging failure."""
+    settings = ctx.settings
+    if settings.provider == "replay" and settings.predictions is not None:
+        from pytest_evalreplay.fingerprint import path_signature
+        from pytest_evalreplay.providers.replay import ReplayProvider
+
+        source = settings.predictions
+        path = task_files(source, name)["predictions"] if source.is_dir() else source
+        if not path.is_file():
+            owner = name.removesuffix(JUDGE_SUFFIX)
+            raise EvalReplayError(
+                f"{path}: the saved run has no judge verdicts for {owner!r}, so its LLM judge cannot be "
+                "replayed without a model; replay a run dir written by the plugin"
+            )
+        provider: Any = ReplayProvider.from_path(path)
+        identity = {"kind": "replay", "predictions": str(path), "files": path_signature(path)}
+    elif judge.provider is None:
+        provider, identity = ctx.host.get(), dict(ctx.provider_identity)
+    elif isinstance(judge.provider, str):
+        from pytest_evalreplay.providers import ProviderHost
+
+        overrides: dict[str, Any] = {"provider": judge.provider}
+        if judge.model is not None:
+            overrides["model"] = judge.model
+        if judge.base_url is not None:
+            overrides["base_urls"] = (judge.base_url,)
+        host = ProviderHost(dataclasses.replace(settings, **overrides), ctx.host.from_hook)
+        identity = host.identity()
+        provider = host.get()
+    else:
+        provider = judge.provider
+        identity = {"kind": getattr(provider, "kind", None), "model": getattr(provider, "model", None)}
+    if readable is not None:
+        provider = _ReadableOnly(provider, readable)
+    return provider, digest(identity), identity
+
+
+def write_judge_files(recorder: TaskRecorder, run: str) -> None:
+    """`<name>-judge-requests.jsonl` and `-predictions.jsonl`: the judge's
+    replies, so a replay judges without a model (takes the judge's lock)."""
+    recorder.flush()
+    with recorder.locked():
+        recorder.refresh()
+        index = recorder.index
+        items = [ItemOutcome(key, "ok", gen=refs[-1], scores={}) for key, refs in index.gens.items() if refs]
+        models = {index.providers.get(i.gen.provider, {}).get("model") for i in items if i.gen is not None}
+        outcome = TaskOutcome(
+            task=recorder.task,
+            model=models.pop() if len(models) == 1 else None,
+            metrics={},
+            intervals={},
+            instance_scores={},
+            items=tuple(sorted(items, key=lambda i: (i.key[0], i.key[1]))),
+            num_instances=len(items),
+            generated=0,
+            reused=0,
+        )
+        from pytest_evalreplay import rundir
+
+        rundir.write_task(recorder.directory, outcome, run, index, [], 1, metrics=False)
+
+
 @dataclass
 class Judging:
     """An EloEval's judge and references in one session (one process)."""
@@ -195,44 +263,8 @@ class Judging:
         if self._provider is None:
             judge = self.llm
             assert judge is not None
-            settings = self.ctx.settings
-            if settings.provider == "replay" and settings.predictions is not None:
-                from pytest_evalreplay.fingerprint import path_signature
-                from pytest_evalreplay.providers.replay import ReplayProvider
-
-                source = settings.predictions
-                name = judge_files_name(self.eval.name)
-                path = task_files(source, name)["predictions"] if source.is_dir() else source
-                if not path.is_file():
-                    raise EvalReplayError(
-                        f"{path}: the saved run has no judge verdicts for {self.eval.name!r}, so an "
-                        "LLM-judged ELO run cannot be replayed without a model; replay a run dir written "
-                        "by the plugin"
-                    )
-                provider: Any = ReplayProvider.from_path(path)
-                identity = {"kind": "replay", "predictions": str(path), "files": path_signature(path)}
-            elif judge.provider is None:
-                provider, identity = self.ctx.host.get(), dict(self.ctx.provider_identity)
-            elif isinstance(judge.provider, str):
-                from pytest_evalreplay.providers import ProviderHost
-
-                overrides: dict[str, Any] = {"provider": judge.provider}
-                if judge.model is not None:
-                    overrides["model"] = judge.model
-                if judge.base_url is not None:
-                    overrides["base_urls"] = (judge.base_url,)
-                host = ProviderHost(dataclasses.replace(settings, **overrides), self.ctx.host.from_hook)
-                identity = host.identity()
-                provider = host.get()
-            else:
-                provider = judge.provider
-                identity = {
-                    "kind": getattr(provider, "kind", None),
-                    "model": getattr(provider, "model", None),
-                }
-            if judge.unreadable == "fail":
-                provider = _ReadableOnly(provider, lambda text: judge.verdict(text, 0).readable)
-            self._provider = (provider, digest(identity), identity)
+            readable = (lambda text: judge.verdict(text, 0).readable) if judge.unreadable == "fail" else None
+            self._provider = judge_provider(self.ctx, judge, judge_files_name(self.eval.name), readable)
         return self._provider
 
     def _request(self, key: RolloutKey, reference: str, trial: int, candidate: str, ref_text: str) -> Request:
@@ -320,32 +352,6 @@ class Judging:
     # -- the run dir -----------------------------------------------------------------------
 
     def write_files(self) -> None:
-        """`<name>-judge-requests.jsonl` and `-predictions.jsonl`: the judge's
-        replies, so a replay judges without a model (takes the judge's lock)."""
-        recorder = self.recorder
-        if recorder is None:
-            return
-        recorder.flush()
-        with recorder.locked():
-            recorder.refresh()
-            index = recorder.index
-            items = [
-                ItemOutcome(key, "ok", gen=refs[-1], scores={}) for key, refs in index.gens.items() if refs
-            ]
-            models = {
-                index.providers.get(i.gen.provider, {}).get("model") for i in items if i.gen is not None
-            }
-            outcome = TaskOutcome(
-                task=recorder.task,
-                model=models.pop() if len(models) == 1 else None,
-                metrics={},
-                intervals={},
-                instance_scores={},
-                items=tuple(sorted(items, key=lambda i: (i.key[0], i.key[1]))),
-                num_instances=len(items),
-                generated=0,
-                reused=0,
-            )
-            from pytest_evalreplay import rundir
-
-            rundir.write_task(recorder.directory, outcome, self.ctx.run_id, index, [], 1, metrics=False)
+        """The judge's replies as run dir files, so a replay judges without a model."""
+        if self.recorder is not None:
+            write_judge_files(self.recorder, self.ctx.run_id)

@@ -48,7 +48,9 @@ class ScoredTask(Protocol):
 
     def postprocess(self, generation: Generation) -> Generation: ...
 
-    def score(self, text: str, instance: Instance) -> dict[str, float]: ...
+    def score(
+        self, text: str, instance: Instance, grades: Mapping[str, float] | None = None
+    ) -> dict[str, float]: ...
 
 
 def request_key(request: Request) -> RequestKey:
@@ -288,13 +290,14 @@ def generate_events(
 
 
 def score_generation(
-    task: ScoredTask, instance: Instance, generation: Generation
+    task: ScoredTask, instance: Instance, generation: Generation, grades: Mapping[str, float] | None = None
 ) -> tuple[dict[str, float] | None, str | None]:
     """The task's scores of one (post-processed) generation, or the error:
     a scorer that raises, or returns anything but finite numbers, fails
-    that rollout naming the value, never a score of 0."""
+    that rollout naming the value, never a score of 0. `grades`: a graded
+    scorer's verdicts, read from the judge's journal by the session."""
     try:
-        scores = task.score(generation.text, instance)
+        scores = task.score(generation.text, instance, grades)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a scorer's SystemExit, CancelledError: its rollout fails

@@ -10,10 +10,11 @@ places that show one cannot disagree.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pytest_evalreplay import passk
 from pytest_evalreplay.journal import GenRef, JournalIndex, RolloutKey
 from pytest_evalreplay.planning import TaskPlan, is_final
 
@@ -58,6 +59,7 @@ class TaskOutcome:
     tokens_generated: Tokens = field(default_factory=Tokens)
     tokens_reused: Tokens = field(default_factory=Tokens)
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. an EloEval's "elo" block
+    sample_metrics: tuple[str, ...] = ()  # names of the pass@k / maj@k in instance_scores
 
     @property
     def num_items(self) -> int:
@@ -154,13 +156,46 @@ def instance_means(items: tuple[ItemOutcome, ...]) -> dict[str, dict[str, float]
     return out
 
 
+def with_sample_metrics(
+    per_instance: dict[str, dict[str, float]],
+    items: tuple[ItemOutcome, ...],
+    metrics: tuple[passk.SampleMetric, ...],
+    answer: Callable[[RolloutKey, GenRef], Hashable] | None,
+) -> dict[str, dict[str, float]]:
+    """Each instance's means plus its pass@k / maj@k over its scored samples
+    (`passk.py`); the answers maj@k counts are read only when it is asked for."""
+    votes = answer is not None and any(m.kind == "maj" for m in metrics)
+    values = passk.by_instance(
+        metrics,
+        (
+            (item.key[1], item.scores, answer(item.key, item.gen) if votes and answer and item.gen else None)
+            for item in items
+            if item.status == "ok" and item.scores is not None
+        ),
+    )
+    shared: dict[tuple[tuple[str, float], ...], dict[str, float]] = {}
+    out: dict[str, dict[str, float]] = {}
+    for iid, means in per_instance.items():
+        merged = means | values.get(iid, {})
+        out[iid] = shared.setdefault(tuple(merged.items()), merged)
+    return out
+
+
 def task_outcome(
-    plan: TaskPlan, index: JournalIndex, max_attempts: int, run: str, model: str | None
+    plan: TaskPlan,
+    index: JournalIndex,
+    max_attempts: int,
+    run: str,
+    model: str | None,
+    answer: Callable[[RolloutKey, GenRef], Hashable] | None = None,
 ) -> TaskOutcome:
+    """`answer` gives a scored generation's answer, for maj@k's vote."""
     from pytest_evalreplay.stats import instance_interval
 
     items = tuple(item_outcome(plan, index, key, max_attempts) for key in plan.keys)
     per_instance = instance_means(items)
+    if plan.sample_metrics:
+        per_instance = with_sample_metrics(per_instance, items, plan.sample_metrics, answer)
     columns: dict[str, list[float]] = {}
     for scores in per_instance.values():
         for name, value in scores.items():
@@ -199,4 +234,5 @@ def task_outcome(
         reused=reused,
         tokens_generated=tok_gen,
         tokens_reused=tok_reused,
+        sample_metrics=tuple(m.name for m in plan.sample_metrics),
     )

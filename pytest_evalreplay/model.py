@@ -381,9 +381,12 @@ class EvalResult:
     rollouts: tuple[RolloutResult, ...] = ()
 
 
-def aggregate(results: Sequence[RolloutResult]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+def aggregate(
+    results: Sequence[RolloutResult], extra: Mapping[str, Mapping[str, float]] | None = None
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Metrics as the mean over instances of each instance's mean over its
-    successful rollouts. Failed rollouts are left out, never counted as 0."""
+    successful rollouts. Failed rollouts are left out, never counted as 0.
+    `extra`: per-instance values computed over the samples (pass@k, maj@k)."""
     per_instance: dict[str, dict[str, list[float]]] = {}
     for r in results:
         if not r.ok:
@@ -393,6 +396,7 @@ def aggregate(results: Sequence[RolloutResult]) -> tuple[dict[str, float], dict[
             slot.setdefault(name, []).append(float(value))
     scores = {
         iid: {name: sum(vals) / len(vals) for name, vals in metrics.items()}
+        | dict((extra or {}).get(iid, {}))
         for iid, metrics in per_instance.items()
     }
     totals: dict[str, list[float]] = {}

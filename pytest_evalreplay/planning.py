@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from pytest_evalreplay.journal import FailRef, GenRef, JournalIndex, RolloutKey
 from pytest_evalreplay.model import Failure, RequestKey
+from pytest_evalreplay.passk import SampleMetric
 
 NOTE_LIMIT = 5  # per kind of note, per task
 
@@ -27,6 +28,7 @@ class TaskPlan:
     keys: tuple[RolloutKey, ...]
     requests: Mapping[RequestKey, str]
     provider: str  # digest of the provider configuration
+    sample_metrics: tuple[SampleMetric, ...] = ()  # pass@k / maj@k over each instance's samples
 
     def request_of(self, key: RolloutKey) -> str:
         return self.requests[(key[0], key[1])]

@@ -136,6 +136,11 @@ def write_task(
                 [dict(i.scores) if i.status == "ok" and i.scores is not None else None for i, _ in pairs],
                 [i.key[2] for i, _ in pairs],
                 num_samples,
+                {
+                    n: v
+                    for n, v in outcome.instance_scores.get(iid, {}).items()
+                    if n in outcome.sample_metrics
+                },
             )
 
     files = task_files(directory, outcome.task)

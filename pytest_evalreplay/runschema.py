@@ -87,12 +87,14 @@ def prediction_row(
     sample_scores: Sequence[Mapping[str, float] | None],
     rollouts: Sequence[int],
     num_samples: int,
+    over_samples: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """One instance's predictions row: its saved generations (`Generation.to_row`)
     in rollout order, each sample's scores (None where its scorer failed: the
     generation is still saved, so a later run can score it), and the mean of
-    each metric over the samples that have it. `rollouts` is written only when
-    the row holds other samples than 0..num_samples-1."""
+    each metric over the samples that have it, plus `over_samples`: values
+    computed over all the samples (pass@k, maj@k). `rollouts` is written only
+    when the row holds other samples than 0..num_samples-1."""
     sums: dict[str, list[float]] = {}
     for scores in sample_scores:
         for name, value in (scores or {}).items():
@@ -101,7 +103,7 @@ def prediction_row(
         "instance_id": instance_id,
         "model": model,
         "generations": list(generations),
-        "scores": {n: sum(v) / len(v) for n, v in sums.items()},
+        "scores": {n: sum(v) / len(v) for n, v in sums.items()} | dict(over_samples or {}),
         "sample_scores": [None if s is None else dict(s) for s in sample_scores],
     }
     if stage != 1:

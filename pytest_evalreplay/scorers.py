@@ -53,12 +53,19 @@ class ExactMatch:
     name: str = "exact_match"
 
     def score(self, text: str, target: Any) -> float:
-        answer = _extract(text, self.extract)
+        answer = self.answer(text)
         if answer is None:
             return 0.0
         targets = target if isinstance(target, (list, tuple)) else [target]
         prep = normalize if self.normalize else str.strip
-        return float(any(prep(answer) == prep(str(t)) for t in targets))
+        return float(any(answer == prep(str(t)) for t in targets))
+
+    def answer(self, text: str) -> str | None:
+        """What `score` compares (maj@k's vote): the extracted span as compared, or None."""
+        span = _extract(text, self.extract)
+        if span is None:
+            return None
+        return normalize(span) if self.normalize else span.strip()
 
 
 @dataclass(frozen=True)
@@ -72,20 +79,27 @@ class NumericMatch:
     name: str = "numeric_match"
 
     def score(self, text: str, target: Any) -> float:
-        span = _extract(text, self.extract)
-        if span is None:
-            return 0.0
-        numbers = _NUMBER.findall(span)
-        if not numbers:
+        got = self.answer(text)
+        if got is None:
             return 0.0
         try:
-            got = float(numbers[-1].replace(",", ""))
             want = float(str(target).replace(",", ""))
         except ValueError:
             return 0.0
         if self.relative:
             return float(math.isclose(got, want, rel_tol=self.tolerance, abs_tol=0.0))
         return float(abs(got - want) <= self.tolerance)
+
+    def answer(self, text: str) -> float | None:
+        """What `score` compares (maj@k's vote): the extracted number, or None."""
+        span = _extract(text, self.extract)
+        numbers = _NUMBER.findall(span) if span is not None else []
+        if not numbers:
+            return None
+        try:
+            return float(numbers[-1].replace(",", ""))
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True)
@@ -98,8 +112,12 @@ class Contains:
     def score(self, text: str, target: Any) -> float:
         targets = target if isinstance(target, (list, tuple)) else [target]
         prep = normalize if self.normalize else (lambda s: s)
-        hay = prep(text)
+        hay = self.answer(text)
         return float(any(prep(str(t)) in hay for t in targets))
+
+    def answer(self, text: str) -> str:
+        """What `score` searches (maj@k's vote): the whole text as compared."""
+        return normalize(text) if self.normalize else text
 
 
 BuiltinScorer = ExactMatch | NumericMatch | Contains
@@ -124,3 +142,12 @@ def numeric_match(
 
 def contains(normalize: bool = True) -> Contains:
     return Contains(normalize=normalize)
+
+
+def graded(rubric: Any, judge: Any) -> Any:
+    """An answer graded by a judge model, one score per rubric criterion
+    (`rubric.graded`; docs/grading.md)."""
+    __tracebackhide__ = True  # a bad rubric or judge is reported at the user's line
+    from pytest_evalreplay.rubric import graded as build
+
+    return build(rubric, judge)

@@ -7,12 +7,13 @@ import numbers
 import os
 import string
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from pytest_evalreplay import passk
 from pytest_evalreplay.execution import run_requests
 from pytest_evalreplay.formats.instances import load_instances
 from pytest_evalreplay.model import (
@@ -28,6 +29,7 @@ from pytest_evalreplay.model import (
     aggregate,
     request_digest,
 )
+from pytest_evalreplay.rubric import Graded
 from pytest_evalreplay.scorers import BUILTIN_TYPES, BUILTINS, BuiltinScorer, strip_reasoning
 
 Scorer = Callable[[str, Instance], "float | bool | Mapping[str, float]"]
@@ -146,6 +148,7 @@ class EvalTask:
         gate: Gate | None = None,
         agent: Callable[..., Any] | None = None,
         max_turns: int | None = None,
+        metrics: Sequence[str] | None = None,
     ) -> None:
         __tracebackhide__ = True  # a bad argument is reported at the user's EvalTask(...) line, in one line
         self.defined_in, self.defined_line = _caller()
@@ -161,6 +164,7 @@ class EvalTask:
                 sampling,
                 strip_reasoning,
                 gate,
+                metrics,
             )
             self._setup_agent(agent, max_turns)
         except EvalReplayError as exc:
@@ -178,6 +182,7 @@ class EvalTask:
         sampling: Mapping[str, Any] | None,
         strip_reasoning: bool,
         gate: Gate | None,
+        metrics: Sequence[str] | None = None,
     ) -> None:
         self.name = validate_task_name(name)
         base = self.defined_in.parent if self.defined_in is not None else Path.cwd()
@@ -200,7 +205,7 @@ class EvalTask:
                     f"task {name!r}: unknown scorer {scorer!r}; built-ins are {sorted(BUILTINS)}"
                 )
             scorer = BUILTINS[scorer]
-        if scorer is not None and not callable(scorer) and not isinstance(scorer, BUILTIN_TYPES):
+        if scorer is not None and not callable(scorer) and not isinstance(scorer, (*BUILTIN_TYPES, Graded)):
             raise EvalReplayError(f"task {name!r}: scorer must be callable or a built-in scorer")
         self.scorer = scorer
         self.target = target
@@ -226,6 +231,10 @@ class EvalTask:
             raise EvalReplayError(f"task {name!r}: gate must be a Gate(...), got {type(gate).__name__}")
         # Not part of config(): a threshold changes the verdict, not the results.
         self.gate = gate
+        try:  # pass@k / maj@k over each instance's samples (docs/passk.md)
+            self.sample_metrics = passk.requested(metrics, gate.metric if gate else None, num_samples)
+        except ValueError as exc:
+            raise EvalReplayError(f"task {name!r}: {exc}") from None
         self._by_id = {inst["id"]: inst for inst in self.instances}
         self._digests: dict[tuple[int, str], str] | None = None
 
@@ -366,20 +375,60 @@ class EvalTask:
             metadata=generation.metadata,
         )
 
-    def score(self, text: str, instance: Instance) -> dict[str, float]:
-        """Scores as a dict of floats; raises what the scorer raises."""
+    def score(
+        self, text: str, instance: Instance, grades: Mapping[str, float] | None = None
+    ) -> dict[str, float]:
+        """Scores as a dict of floats; raises what the scorer raises. `grades`:
+        a graded scorer's verdicts, which only a session reads (`grader.py`)."""
         if self.scorer is None:
             raise EvalReplayError(
                 f"task {self.name!r} has no scorer: give EvalTask(scorer=...) "
                 "(only an EloEval's pool needs none)"
             )
-        if isinstance(self.scorer, BUILTIN_TYPES):
-            value: Any = self.scorer.score(text, self.target_of(instance))
+        if isinstance(self.scorer, Graded):
+            if grades is None:
+                raise EvalReplayError(self._graded_outside())
+            value: Any = grades
+        elif isinstance(self.scorer, BUILTIN_TYPES):
+            value = self.scorer.score(text, self.target_of(instance))
         else:
             value = self.scorer(text, instance)
-        if isinstance(value, Mapping):
-            return self._score_dict(value)
-        return {self.scorer_name: _as_float(value, self.name, self.scorer_name)}
+        scores = (
+            self._score_dict(value)
+            if isinstance(value, Mapping)
+            else {self.scorer_name: _as_float(value, self.name, self.scorer_name)}
+        )
+        for metric in self.sample_metrics:  # a sample pass@k / maj@k cannot judge fails here, by name
+            try:
+                passk.correctness(metric, scores)
+            except ValueError as exc:
+                raise EvalReplayError(f"task {self.name!r}: {exc}") from None
+            if metric.kind == "maj":
+                self.answer(text, instance)
+        return scores
+
+    def _graded_outside(self) -> str:
+        return (
+            f"task {self.name!r}: scorers.graded(...) grades in a pytest session, where its verdicts "
+            "are journaled and replayed; run the task with pytest"
+        )
+
+    def answer(self, text: str, instance: Instance) -> Hashable:
+        """The answer maj@k counts votes for: what the scorer compares (a
+        built-in's extracted, normalised span or number; a scorer object's
+        `answer(text, instance)` method), else the stripped text."""
+        if isinstance(self.scorer, BUILTIN_TYPES):
+            return self.scorer.answer(text)
+        method = getattr(self.scorer, "answer", None)
+        if callable(method):
+            value = method(text, instance)
+            if not isinstance(value, Hashable):
+                raise EvalReplayError(
+                    f"task {self.name!r}: the scorer's answer() returned {type(value).__name__}, "
+                    "which cannot be counted; return a string, a number or None"
+                )
+            return value
+        return text.strip()
 
     def _score_dict(self, value: Mapping[Any, Any]) -> dict[str, float]:
         """A scorer's dict as named scores: never empty (a rollout with no
@@ -412,9 +461,24 @@ class EvalTask:
                 f"task {self.name!r} is an agent task: EvalTask.evaluate runs prompt tasks; run an "
                 "agent task under pytest (its episodes are journaled turn by turn there)"
             )
+        if isinstance(self.scorer, Graded):
+            raise EvalReplayError(self._graded_outside())
         requests = [self.request(inst) for inst in self.instances]
         results = run_requests(self, provider, requests, max_attempts=max_attempts)
-        metrics, scores = aggregate(results)
+        votes = any(m.kind == "maj" for m in self.sample_metrics)
+        values = passk.by_instance(
+            self.sample_metrics,
+            (
+                (
+                    r.instance_id,
+                    r.scores,
+                    self.answer(r.generation.text, self.instance(r.instance_id)) if votes else None,
+                )
+                for r in results
+                if r.ok and r.generation is not None
+            ),
+        )
+        metrics, scores = aggregate(results, values)
         errors: dict[str, str] = {}
         for r in results:
             if not r.ok and r.instance_id not in errors:

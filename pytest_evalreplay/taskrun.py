@@ -5,7 +5,7 @@ runs (so pytest-xdist spreads scoring), and write the run dir at the end."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,11 +13,13 @@ from pytest_evalreplay import planning
 from pytest_evalreplay.context import RunContext
 from pytest_evalreplay.execution import score_generation
 from pytest_evalreplay.gates import BaselineTask, PairedDrop
+from pytest_evalreplay.grader import Grading
 from pytest_evalreplay.journal import GenRef, RolloutKey, ScoreRef
 from pytest_evalreplay.metrics import TaskOutcome, task_outcome
 from pytest_evalreplay.model import Generation, Provider, RolloutResult
 from pytest_evalreplay.planning import TaskPlan
 from pytest_evalreplay.rollouts import Rollouts, open_recorder
+from pytest_evalreplay.rubric import Graded
 from pytest_evalreplay.task import EvalTask
 
 ARRIVAL_BUDGET = 0.001  # seconds of scoring an answer on arrival may cost, on average
@@ -30,6 +32,8 @@ class TaskRun(Rollouts):
     running: tuple[str, float, int] | None = None  # the first metric: name, sum, count so far
     on_arrival: set[RolloutKey] = field(default_factory=set)  # scored as the answer arrived
     arrival_cost: tuple[float, int] | None = (0.0, 0)  # seconds and answers scored so; None: stopped
+    grading: Grading | None = None  # the judge of a scorers.graded(...) task
+    graded: set[RolloutKey] = field(default_factory=set)  # rollouts whose grades were asked for
 
     @classmethod
     def register(
@@ -42,7 +46,9 @@ class TaskRun(Rollouts):
     ) -> TaskRun:
         """Plan the task (its full key list, the requests rendered now) and sort
         its selected keys into reuse, run and failed-before."""
-        plan = TaskPlan(task.name, tuple(all_keys), task.request_digests(), ctx.provider_digest)
+        plan = TaskPlan(
+            task.name, tuple(all_keys), task.request_digests(), ctx.provider_digest, task.sample_metrics
+        )
         recorder, index = open_recorder(ctx, task.name, plan, len(selected) < len(all_keys), directory)
         decisions = planning.decide(
             plan, selected, index, ctx.resuming and index is not None, ctx.settings.max_attempts
@@ -53,6 +59,8 @@ class TaskRun(Rollouts):
             decisions.run = [key for key in selected if key not in decisions.failed]
             decisions.reuse.clear()
         run = cls(ctx, task.name, task, plan, recorder, list(selected), decisions, gate=task.gate)
+        if isinstance(task.scorer, Graded):
+            run.grading = Grading(ctx, task, task.scorer, directory, reset=index is None)
         run.note_unfinished(index)
         return run
 
@@ -74,15 +82,28 @@ class TaskRun(Rollouts):
             self.resolved.add(key)
             return self.failed_before(key)
         gen = self.own_gen(key)
+        chunk = self.chunk_of[(key[0], key[1])]
         if gen is None and self.own_failure(key) is None:
-            self.generate_chunk(self.chunk_of[(key[0], key[1])])
+            self.generate_chunk(chunk)
             gen = self.own_gen(key)
         if gen is None:
             self.resolved.add(key)
             return self.not_generated(key)
         if key in self.on_arrival:
             return self._scored_on_arrival(key, gen)
+        if self.grading is not None and key not in self.graded:  # the chunk's grades in one batch
+            mine = [(*rk, r) for rk in self.chunks[chunk] for r in self.rollouts_of[rk]]
+            self._grade([(k, g) for k in mine if (g := self.own_gen(k)) is not None])
         return self._score(key, self.recorder.index.generation(gen), gen.run)
+
+    def _grade(self, items: Sequence[tuple[RolloutKey, GenRef]]) -> None:
+        """Ask a graded task's judge about these rollouts' answers, in one batch."""
+        todo = [(key, gen) for key, gen in items if key not in self.graded]
+        if self.grading is None or not todo:
+            return
+        index = self.recorder.index
+        self.grading.ask([(key, self.task.postprocess(index.generation(gen)).text) for key, gen in todo])
+        self.graded.update(key for key, _ in todo)
 
     def on_answer(self, provider: Provider) -> Callable[[RolloutKey, Generation], None] | None:
         """One process, a provider that streams, a scorer that has cost under
@@ -91,9 +112,9 @@ class TaskRun(Rollouts):
         all wait in memory until written, and answers that arrive while a slow
         scorer runs wait in the provider's queue: those are scored where their
         items run (spread over workers under pytest-xdist), as is everything
-        under xdist."""
+        under xdist, and a graded task's (its judge is asked a chunk at a time)."""
         streams = callable(getattr(provider, "generate_stream", None))
-        eager = streams and self.ctx.worker is None and self.arrival_cost is not None
+        eager = streams and self.ctx.worker is None and self.arrival_cost is not None and self.grading is None
         return self._answered if eager else None
 
     def _answered(self, key: RolloutKey, generation: Generation) -> None:
@@ -123,7 +144,16 @@ class TaskRun(Rollouts):
     def _score(self, key: RolloutKey, raw: Generation, of: str) -> RolloutResult:
         task = self.task
         generation = task.postprocess(raw)
-        scores, error = score_generation(task, task.instance(key[1]), generation)
+        if self.grading is not None:
+            if key not in self.graded:
+                self.grading.ask([(key, generation.text)])
+                self.graded.add(key)
+            grades, error = self.grading.scores(key, generation.text)
+            scores = None
+            if grades is not None:
+                scores, error = score_generation(task, task.instance(key[1]), generation, grades)
+        else:
+            scores, error = score_generation(task, task.instance(key[1]), generation)
         self.recorder.add(self.recorder.score(key, of, scores, error))
         self.resolved.add(key)
         self._tally(scores)
@@ -166,6 +196,8 @@ class TaskRun(Rollouts):
         self.ctx.progress.metric(self.name, f"{name}={self.running[1] / self.running[2]:.3f}")
 
     def rescore_reused(self) -> list[RolloutKey]:
+        if self.grading is not None and not self.ctx.settings.reuse_scores:
+            self._grade(list(self.decisions.reuse.items()))
         done = [key for key in self.decisions.reuse if self._score_reused(key).ok]
         self.recorder.flush()
         self.touched = True
@@ -197,9 +229,14 @@ class TaskRun(Rollouts):
     def outcome_now(self) -> TaskOutcome:
         s = self.ctx.settings
         self.outcome = task_outcome(
-            self.plan, self.recorder.index, s.max_attempts, self.ctx.run_id, self.ctx.model()
+            self.plan, self.recorder.index, s.max_attempts, self.ctx.run_id, self.ctx.model(), self._answer
         )
         return self.outcome
+
+    def _answer(self, key: RolloutKey, gen: GenRef) -> Hashable:
+        """A scored generation's answer, for maj@k's vote (as scoring saw it)."""
+        text = self.task.postprocess(self.recorder.index.generation(gen)).text
+        return self.task.answer(text, self.task.instance(key[1]))
 
     def before_finish(self) -> None:
         """Score, with the current scorer, the generations the journal holds for
@@ -212,6 +249,7 @@ class TaskRun(Rollouts):
         index = self.recorder.index
         share = self.ctx.worker
         shard = self.ctx.settings.shard
+        todo: list[tuple[RolloutKey, GenRef]] = []
         for n, key in enumerate(self.plan.keys):
             if key in selected or (share is not None and n % share.count != share.index % share.count):
                 continue
@@ -219,7 +257,12 @@ class TaskRun(Rollouts):
                 continue
             gen, _ = index.standing(key, self.plan.request_of(key), self.plan.provider)
             if gen is not None and self._kept_scores(key, gen) is None:
-                self._score(key, index.generation(gen), gen.run)
+                todo.append((key, gen))
+        self._grade(todo)
+        for key, gen in todo:
+            self._score(key, index.generation(gen), gen.run)
+        if self.grading is not None:
+            self.grading.write_files()
 
     def paired_drop(self, baseline: BaselineTask) -> PairedDrop | None:
         return None  # the gate pairs the instance scores

@@ -51,7 +51,8 @@ TASK = """
 from pytest_evalreplay import EvalTask, Gate, scorers
 t = EvalTask({name}, {instances}, prompt={prompt}, scorer={scorer}, num_samples={num_samples},
              sampling={sampling}, gate={gate}, system_prompt={system_prompt},
-             strip_reasoning={strip_reasoning}, agent={agent}, max_turns={max_turns})
+             strip_reasoning={strip_reasoning}, agent={agent}, max_turns={max_turns},
+             metrics={metrics})
 """
 
 
@@ -78,6 +79,7 @@ BASE_FIELDS = {
     "strip_reasoning": "False",
     "agent": "None",
     "max_turns": "None",
+    "metrics": "None",
 }
 
 U, C, F, OK, STOPPED = (  # usage error, collection error, failed items, passed, stopped
@@ -311,6 +313,53 @@ CASES: dict[str, Case] = {
         fields={"scorer": 'lambda text, i: {1: 1.0, "1": 0.0}'},
         ret=F,
         message="scorer 'score' returned keys 1 and '1', both named '1' once saved",
+    ),
+    "a graded scorer with an empty rubric": Case(
+        ret=C,
+        fields={"scorer": 'scorers.graded({}, __import__("pytest_evalreplay").judges.llm())'},
+        message="scorers.graded(rubric=...) is empty: give at least one criterion",
+    ),
+    "a graded scorer whose judge is a function": Case(
+        ret=C,
+        fields={"scorer": 'scorers.graded({"ok": "is right"}, lambda i, a, b: 1.0)'},
+        message="scorers.graded(judge=...) must be judges.llm(...) (a judge model on a provider), "
+        "got function",
+    ),
+    "pass@k with k above num_samples": Case(
+        ret=C,
+        fields={"num_samples": "2", "metrics": '["pass@4"]'},
+        message="task 't': metric 'pass@4' needs num_samples >= 4 (the task has num_samples=2); "
+        "raise num_samples or lower k",
+    ),
+    "a gate naming maj@k with k above num_samples": Case(
+        ret=C,
+        fields={"gate": 'Gate("maj@3", min=0.5)'},
+        message="task 't': the gate's metric 'maj@3' needs num_samples >= 3 (the task has num_samples=1)",
+    ),
+    "an unknown sample metric": Case(
+        ret=C,
+        fields={"metrics": '["best@4"]'},
+        message="task 't': unknown metric 'best@4' in metrics=: the sample metrics are 'pass@k' and 'maj@k'",
+    ),
+    "metrics as a string": Case(
+        ret=C,
+        fields={"metrics": '"pass@1"'},
+        message="task 't': metrics must be a list of names such as ['pass@4', 'maj@4'], got 'pass@1'",
+    ),
+    "pass@k over a score that is not 0 or 1": Case(
+        fields={"scorer": "lambda text, i: 0.5", "num_samples": "2", "metrics": '["pass@2"]'},
+        ret=F,
+        message="task 't': pass@2 needs score 'score' to be 0 or 1 (wrong or right), got 0.5",
+    ),
+    "pass@k over a scorer with several scores": Case(
+        fields={
+            "scorer": 'lambda text, i: {"a": 1.0, "b": 0.0}',
+            "num_samples": "2",
+            "metrics": '["pass@2"]',
+        },
+        ret=F,
+        message="pass@2 judges a sample by its one score, and the scorer returned several scores ['a', 'b']; "
+        "name the one that says correct, e.g. 'pass@2:a'",
     ),
     "scorer returns a string": Case(
         fields={"scorer": 'lambda text, i: "yes"'}, ret=F, message="scorer returned str for 'score'"
