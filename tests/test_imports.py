@@ -1,0 +1,54 @@
+"""What a session imports: an eval run computes its metrics without numpy or
+scipy (pytester subprocess runs, so nothing the test process imported counts)."""
+
+from __future__ import annotations
+
+import pytest
+
+DUMP = """
+import sys
+
+def pytest_unconfigure(config):
+    with open("modules.txt", "w") as out:
+        out.write("\\n".join(sorted(sys.modules)))
+"""
+
+CONFTEST = (
+    DUMP
+    + """
+from pytest_evalreplay import Generation
+
+class Yes:
+    kind, batch_size, model = "yes", None, "yes-1"
+
+    def generate(self, requests):
+        return [[Generation(text="yes", finish_reason="stop") for _ in r.rollouts] for r in requests]
+
+def pytest_evalreplay_make_provider(config, kind):
+    return Yes() if kind == "yes" else None
+"""
+)
+
+EVALS = """
+from pytest_evalreplay import EvalTask
+t = EvalTask("t", [{"id": f"q{n}", "question": str(n)} for n in range(6)], prompt="{question}",
+             scorer=lambda text, i: float(text == "yes" and int(i["question"]) % 2 == 0), num_samples=2)
+"""
+
+
+QUIET = ("-p", "no:randomly")
+
+
+def _modules(pytester: pytest.Pytester) -> set[str]:
+    return set((pytester.path / "modules.txt").read_text().split())
+
+
+def test_an_eval_session_imports_neither_numpy_nor_scipy(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_evals=EVALS)
+    result = pytester.runpytest_subprocess(*QUIET, "--evalreplay-provider=yes", "--evalreplay-output=run")
+    result.assert_outcomes(passed=12)
+    result.stdout.fnmatch_lines(["t: 6 instances, 12 items, 0 failed | * | score=0.5000 [[]*]*"])
+    loaded = _modules(pytester)
+    assert "pytest_evalreplay.stats" in loaded  # the interval was computed
+    assert not {m for m in loaded if m.split(".")[0] in ("numpy", "scipy")}
