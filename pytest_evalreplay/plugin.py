@@ -8,6 +8,7 @@ the options and one `isinstance` per collected module attribute.
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -125,6 +126,7 @@ class EvalReplayPlugin:
         self._deselected_all = False
         self._deselected = 0  # reused items deselected (the rest of the reused run, reported skipped)
         self._unplanned = 0  # tasks collected by --collect-only with no provider chosen
+        self._frozen = False  # gc.freeze() after collection: unfrozen at unconfigure
 
     # -- lazily built parts ------------------------------------------------------
 
@@ -227,6 +229,10 @@ class EvalReplayPlugin:
             self.session.prepare_provider()
         except EvalReplayError as exc:
             raise pytest.UsageError(str(exc)) from None
+        # The collected items, tasks and plan live until the session ends:
+        # frozen, the later full collections do not walk them again and again.
+        gc.freeze()
+        self._frozen = True
 
     def _plan(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
         from pytest_evalreplay.items import GateItem, RolloutItem, TaskItem
@@ -380,6 +386,8 @@ class EvalReplayPlugin:
                     )
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._frozen:  # collectable again by whatever runs next in this process
+            gc.unfreeze()
         if self._session is not None:
             self._session.close()
 
