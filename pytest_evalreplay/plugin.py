@@ -235,6 +235,8 @@ class EvalReplayPlugin:
         self._frozen = True
 
     def _plan(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if "pytest_evalreplay.items" not in sys.modules:
+            return  # no eval item can exist before its module is imported (pytest_pycollect_makeitem)
         from pytest_evalreplay.items import GateItem, RolloutItem, TaskItem
 
         eval_items = [item for item in items if isinstance(item, TaskItem)]
@@ -296,6 +298,8 @@ class EvalReplayPlugin:
     def collection_lines(self) -> list[str] | None:
         """What the collection line says; an xdist worker hands it to its
         controller (which collects nothing: see distributed.py)."""
+        if not self._unplanned and (not self.active or not self.session.runs):
+            return None
         from pytest_evalreplay.report import plural
 
         if self._unplanned:
@@ -303,9 +307,6 @@ class EvalReplayPlugin:
                 f"evalreplay: {plural(self._unplanned, 'task')}, not planned: no provider chosen "
                 "(what would run or be reused depends on it)"
             ]
-        if not self.active or not self.session.runs:
-            return None
-
         runs = self.session.runs.values()
         run = sum(len(r.decisions.run) for r in runs)
         reused = sum(len(r.decisions.reuse) for r in runs)

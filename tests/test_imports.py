@@ -1,5 +1,6 @@
-"""What a session imports: an eval run computes its metrics without numpy or
-scipy (pytester subprocess runs, so nothing the test process imported counts)."""
+"""What a session imports: a session without evals only the options and the
+data model, an eval run no numpy or scipy for its metrics (pytester
+subprocess runs, so nothing the test process imported counts)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,23 @@ def test_an_eval_session_imports_neither_numpy_nor_scipy(pytester: pytest.Pytest
     loaded = _modules(pytester)
     assert "pytest_evalreplay.stats" in loaded  # the interval was computed
     assert not {m for m in loaded if m.split(".")[0] in ("numpy", "scipy")}
+
+
+def test_a_session_without_evals_imports_only_the_options_and_the_data_model(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(DUMP)
+    pytester.makepyfile("def test_one():\n    assert 1 + 1 == 2\n")
+    pytester.runpytest_subprocess(*QUIET).assert_outcomes(passed=1)
+    loaded = _modules(pytester)
+    ours = {m for m in loaded if m.startswith("pytest_evalreplay")}
+    start_up = {
+        "plugin",
+        "hookspecs",
+        "options",
+        "settings",
+        "model",
+        "distributed",
+    }  # distributed: xdist's hooks
+    assert ours <= {"pytest_evalreplay", *(f"pytest_evalreplay.{m}" for m in start_up)}
+    assert not {m for m in loaded if m.split(".")[0] in ("filelock", "numpy", "scipy")}
