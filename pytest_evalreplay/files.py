@@ -319,14 +319,12 @@ class AppendFile:
             self._fd, self._id = fd, (st.st_dev, st.st_ino)
         return fd
 
-    def write(self, blob: bytes) -> tuple[int, tuple[int, int] | None]:
-        """Append `blob`; where it landed: its offset and the file's (st_dev, st_ino)."""
+    def write(self, blob: bytes) -> None:
         if not blob:
-            return -1, None
+            return
         try:
             fd = self._current_fd()
             _cut_torn_tail(fd, os.lseek(fd, 0, os.SEEK_END))
-            start = os.lseek(fd, 0, os.SEEK_END)
             view = memoryview(blob)
             while view:
                 view = view[os.write(fd, view) :]
@@ -337,7 +335,6 @@ class AppendFile:
             self._dirty = True
         if first:
             _SYNCER.due(self)
-        return start, self._id
 
     def sync(self) -> None:
         """fsync what was written since the last sync, if anything. The fd is

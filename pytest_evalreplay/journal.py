@@ -125,8 +125,7 @@ class JournalIndex:
     # One object per distinct key, digest, run id and score mapping: a large
     # task repeats them on every row, and the index lives as long as the session.
     _shared: dict[Any, Any] = field(default_factory=dict, repr=False)
-    # The journal kept open for `read_row` (a run dir reads back every generation), and its identity.
-    _reader: tuple[BinaryIO, tuple[int, int] | None] | None = field(default=None, repr=False)
+    _reader: tuple[BinaryIO, tuple[int, int] | None] | None = field(default=None, repr=False)  # read_row's
 
     def _one(self, value: Any) -> Any:
         return self._shared.setdefault(value, value)
@@ -173,13 +172,6 @@ class JournalIndex:
                 "delete it, or run with --evalreplay-reset to discard this task's saved results"
             )
         self._parse(data)
-
-    def take_own(self, start: int, file_id: tuple[int, int] | None, data: bytes) -> None:
-        """Rows this process just appended at `start` (under the task lock):
-        parsed from the bytes written, not read back, when the index had read
-        everything before them; otherwise the next `refresh` reads them."""
-        if start == self.offset and file_id is not None and file_id == self.file_id and self.torn is None:
-            self._parse(data)
 
     def _parse(self, data: bytes) -> None:
         base = self.offset
@@ -309,7 +301,7 @@ class JournalIndex:
 
     def read_row(self, offset: int, length: int) -> dict[str, Any]:
         """The row at a position this index recorded (a `gen` or `request` row)."""
-        try:
+        try:  # one descriptor kept open (a run dir reads back every generation), reopened for a new file
             if self._reader is None or self._reader[1] != self.file_id:
                 self._reader = (self.path.open("rb", buffering=0), self.file_id)
             line = os.pread(self._reader[0].fileno(), length, offset)
@@ -467,15 +459,14 @@ def encode(rows: Iterable[Mapping[str, Any]]) -> bytes:
 _OPEN: dict[Path, AppendFile] = {}  # the journals this process writes, each kept open
 
 
-def append_durably(path: Path, blob: bytes) -> tuple[int, tuple[int, int] | None]:
+def append_durably(path: Path, blob: bytes) -> None:
     """Append encoded rows (the caller holds the task lock): one write(2) to a
     file kept open, so a killed process loses none of them once this returns;
-    fsynced (power loss) within `files.SYNC_SECONDS`, or at `sync`. Returns
-    where they landed (offset, and the file's identity) for `JournalIndex.take_own`."""
+    fsynced (power loss) within `files.SYNC_SECONDS`, or at `sync`."""
     file = _OPEN.get(path)
     if file is None:
         file = _OPEN[path] = AppendFile(path)
-    return file.write(blob)
+    file.write(blob)
 
 
 def sync(path: Path) -> None:

@@ -154,9 +154,7 @@ class TaskRecorder:
         """Write the buffered rows in one write (the caller holds the task lock)."""
         self._prepare()
         if self._buffer:
-            blob = journal.encode(self._buffer)
-            start, file_id = journal.append_durably(self.path, blob)
-            self.index.take_own(start, file_id, blob)
+            journal.append_durably(self.path, journal.encode(self._buffer))
             self._buffer.clear()
         self._first_unsaved = None
 
