@@ -1,6 +1,7 @@
-"""What a session imports: a session without evals only the options and the
-data model, an eval run no numpy or scipy for its metrics (pytester
-subprocess runs, so nothing the test process imported counts)."""
+"""What a session costs the process: a session without evals imports only the
+options and the data model, an eval run no numpy or scipy for its metrics
+(pytester subprocess runs, so nothing the test process imported counts), and
+an eval run's garbage collector settings are put back at its end."""
 
 from __future__ import annotations
 
@@ -73,3 +74,34 @@ def test_a_session_without_evals_imports_only_the_options_and_the_data_model(
     }  # distributed: xdist's hooks
     assert ours <= {"pytest_evalreplay", *(f"pytest_evalreplay.{m}" for m in start_up)}
     assert not {m for m in loaded if m.split(".")[0] in ("filelock", "numpy", "scipy")}
+
+
+def test_an_eval_session_collects_garbage_in_full_rarely_and_restores_the_thresholds(
+    pytester: pytest.Pytester,
+) -> None:
+    import gc
+
+    pytester.makeconftest(
+        CONFTEST
+        + """
+import gc
+
+seen = []
+
+def pytest_runtest_call(item):
+    seen.append(gc.get_threshold())
+
+def pytest_terminal_summary(terminalreporter):
+    assert seen and all(t == seen[0] for t in seen)
+    terminalreporter.write_line(f"thresholds during the run: {seen[0]}")
+"""
+    )
+    pytester.makepyfile(test_evals=EVALS)
+    before = gc.get_threshold()
+    result = pytester.runpytest(
+        "-p", "no:randomly", "-s", "--evalreplay-provider=yes", "--evalreplay-output=run"
+    )
+    result.assert_outcomes(passed=12)
+    young, middle, old = before
+    result.stdout.fnmatch_lines([f"thresholds during the run: ({young}, {middle}, {old * 10})"])
+    assert gc.get_threshold() == before
