@@ -5,8 +5,8 @@ long they took together.
     python benchmarks/run_all.py --quick    # each script's --quick sizes
 
 Runs startup.py, item_overhead.py, resume_speed.py, collection.py and
-xdist_speedup.py (replay_load.py, elo_fit.py and vllm_overhead.py measure
-other things and run on their own). Goal: all of them together in under
+xdist_speedup.py (replay_load.py, elo_fit.py, elo_overhead.py and
+vllm_overhead.py measure other things and run on their own). Goal: all of them together in under
 10 minutes on a 2-core machine, so by default each script runs the fewest
 rounds its sizes allow (startup 5 runs, one pair or round of the others,
 xdist at 3,000 items);

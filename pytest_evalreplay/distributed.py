@@ -24,8 +24,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 import pytest
 
-from pytest_evalreplay.files import atomic_write
-from pytest_evalreplay.journal import journal_path
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.settings import Settings
 
@@ -48,7 +46,7 @@ def snapshot(directory: Any) -> dict[str, int]:
     for path in paths:
         task = path.name[: -len(JOURNAL_SUFFIX)]
         try:
-            if journal_path(directory, task).is_file():
+            if path.is_file():
                 sizes[task] = path.stat().st_size
         except OSError:
             continue
@@ -62,6 +60,8 @@ def _collection_file(directory: Path, worker: str) -> Path:
 def send_collection_lines(directory: Path, workerinput: Mapping[str, Any], lines: list[str] | None) -> None:
     """A worker's collection line, for its controller to print: written before
     the worker reports its collection, so it is there when the controller hears."""
+    from pytest_evalreplay.files import atomic_write  # not on a plain run's start-up path
+
     with contextlib.suppress(OSError):
         atomic_write(_collection_file(directory, str(workerinput["workerid"])), orjson.dumps(lines or []))
 

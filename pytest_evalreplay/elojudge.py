@@ -210,9 +210,9 @@ class Judging:
     ) -> dict[RolloutKey, Verdicts]:
         """Each rollout's verdicts against each reference (an LLM judge is asked,
         in one batch, only for the trials its journal does not hold)."""
-        answers = {
-            (ref, key[1]): self.reference_answer(ref, key[1]) for key, _ in items for ref in references
-        }
+        # Each (reference, task) once: a task's rollouts share their references' answers.
+        pairs = dict.fromkeys((ref, key[1]) for key, _ in items for ref in references)
+        answers = {pair: self.reference_answer(*pair) for pair in pairs}
         if self.llm is not None:
             self._ask(references, items, answers)
         return {key: self._verdicts(key, gen.text, references, answers) for key, gen in items}

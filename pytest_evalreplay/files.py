@@ -287,6 +287,24 @@ def _cut_torn_tail(fd: int, end: int) -> int:
     return cut
 
 
+class ReadFile:
+    """A file kept open for positional reads, closed when dropped: a reader of
+    many rows (the run dir reads back every generation) opens it once, not per row."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd: int | None = None
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def read(self, offset: int, length: int) -> bytes:
+        assert self._fd is not None
+        return os.pread(self._fd, length, offset)
+
+    def __del__(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+
 class AppendFile:
     """An append-only file kept open by one process: each `write` reaches
     the OS at once (one write(2) per call; the caller holds the file's lock,

@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from pytest_evalreplay.files import AppendFile, NoFollowLock, atomic_write, os_error
+from pytest_evalreplay.files import AppendFile, NoFollowLock, ReadFile, atomic_write, os_error
 from pytest_evalreplay.model import EvalReplayError, Failure, Generation
 
 FORMAT = "evalreplay-journal/2"
@@ -125,6 +125,7 @@ class JournalIndex:
     # One object per distinct key, digest, run id and score mapping: a large
     # task repeats them on every row, and the index lives as long as the session.
     _shared: dict[Any, Any] = field(default_factory=dict, repr=False)
+    _reader: tuple[ReadFile, tuple[int, int] | None] | None = field(default=None, repr=False)  # read_row's
 
     def _one(self, value: Any) -> Any:
         return self._shared.setdefault(value, value)
@@ -300,10 +301,10 @@ class JournalIndex:
 
     def read_row(self, offset: int, length: int) -> dict[str, Any]:
         """The row at a position this index recorded (a `gen` or `request` row)."""
-        try:
-            with self.path.open("rb") as fh:
-                fh.seek(offset)
-                line = fh.read(length)
+        try:  # one descriptor kept open (a run dir reads back every generation), reopened for a new file
+            if self._reader is None or self._reader[1] != self.file_id:
+                self._reader = (ReadFile(self.path), self.file_id)
+            line = self._reader[0].read(offset, length)
         except OSError as exc:
             raise os_error(self.path, exc, "read the journal") from None
         try:

@@ -17,8 +17,10 @@ by both runs, cancels out), one-sided for a drop, with the t interval whose
 upper end is the one-sided bound: the interval lies below 0 exactly when the
 test rejects.
 
-numpy and scipy are imported inside the functions: the plugin imports this
-module on its start-up path, and a plain pytest run should not pay for them.
+The metric's interval is pure Python (student_t.py holds its quantile): every
+eval session computes one, and numpy and scipy would cost it more than the
+rest of a small run. The paired test imports them inside the function: only
+gates against a baseline and compare pay for them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from pytest_evalreplay.student_t import t_quantile
 
 CONFIDENCE = 0.95
 ALPHA = 0.05  # the paired test's one-sided significance level unless a gate says otherwise
@@ -69,41 +73,71 @@ def t_interval(values: Iterable[float], confidence: float = CONFIDENCE) -> Inter
     n == 0 gives no mean; n == 1 a mean without bounds; equal values a
     zero-width interval (exactly the value, with no rounding noise).
     Raises ValueError on a non-finite value or a confidence outside (0, 1).
-    """
-    import numpy as np
 
+    Pure Python, so a session's metrics import neither numpy nor scipy: the
+    mean and the standard deviation add up in numpy's order (`_sum`), so they
+    are numpy's to the bit; the t quantile is the correctly rounded one.
+    """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence!r}")
-    x = np.asarray(list(values), dtype=float)
-    if x.ndim != 1:
-        raise ValueError("t_interval takes a flat sequence of numbers")
-    n = int(x.size)
+    try:
+        x = [float(v) for v in values]
+    except TypeError:
+        raise ValueError("t_interval takes a flat sequence of numbers") from None
+    n = len(x)
     if n == 0:
         return Interval(0, None, None, None, confidence)
-    if not np.all(np.isfinite(x)):
-        raise ValueError(f"scores must be finite numbers, got {x[~np.isfinite(x)][0]!r}")
-    if np.all(x == x[0]):
-        value = float(x[0])
+    for v in x:
+        if not math.isfinite(v):
+            raise ValueError(f"scores must be finite numbers, got {v!r}")
+    first = x[0]
+    if all(v == first for v in x):
         if n == 1:
-            return Interval(1, value, None, None, confidence)
-        return Interval(n, value, value, value, confidence)
+            return Interval(1, first, None, None, confidence)
+        return Interval(n, first, first, first, confidence)
     # Scale into [-1, 1] first, so huge scores neither overflow the sum nor the squares.
-    scale = float(np.max(np.abs(x)))
-    y = x / scale
-    mean_y = float(np.mean(y))
+    scale = max(abs(v) for v in x)
+    y = [v / scale for v in x]
+    mean_y = _sum(y) / n
     mean = mean_y * scale
     if not math.isfinite(mean):
         return Interval(n, None, None, None, confidence)
-    sd_y = float(np.std(y, ddof=1))
-    from scipy.special import stdtrit
-
-    t = float(stdtrit(n - 1, 0.5 + confidence / 2))
+    sd_y = math.sqrt(_sum([(v - mean_y) * (v - mean_y) for v in y]) / (n - 1))
+    t = t_quantile(n - 1, 0.5 + confidence / 2)
     half = t * sd_y / math.sqrt(n) * scale
     lo, hi = _finite(mean - half), _finite(mean + half)
     if lo is None or hi is None:
         return Interval(n, mean, None, None, confidence)
     # Rounding must never put the mean outside its own interval.
     return Interval(n, mean, min(lo, mean), max(hi, mean), confidence)
+
+
+def _sum(x: list[float]) -> float:
+    """The sum of x in numpy's float64 order (pairwise, eight accumulators
+    per block of up to 128), so an interval is the one numpy gave to the bit."""
+    return -0.0 + _pairwise(x, 0, len(x)) if x else 0.0
+
+
+def _pairwise(x: list[float], start: int, n: int) -> float:
+    if n < 8:
+        total = -0.0
+        for i in range(start, start + n):
+            total += x[i]
+        return total
+    if n <= 128:
+        acc = x[start : start + 8]
+        i = 8
+        while i < n - n % 8:
+            for j in range(8):
+                acc[j] += x[start + i + j]
+            i += 8
+        total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+        for k in range(i, n):
+            total += x[start + k]
+        return total
+    half = n // 2
+    half -= half % 8
+    return _pairwise(x, start, half) + _pairwise(x, start + half, n - half)
 
 
 def instance_interval(instance_means: Iterable[float], confidence: float = CONFIDENCE) -> Interval:

@@ -2,7 +2,10 @@
 
 numpy and scipy are imported here, in the outer session: the plugin imports
 them lazily, and pytester's in-process runs drop modules first imported inside
-them, so each inner run would import numpy again (which numpy warns about)."""
+them, so each inner run would import numpy again (which numpy warns about).
+The plugin's item modules likewise: the package caches `EvalTask` on first
+use, and an inner run that dropped `pytest_evalreplay.task` from sys.modules
+would collect no task (the plugin looks there before anything else)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import numpy  # noqa: F401
 import pytest
 import scipy.special
 import scipy.stats  # noqa: F401
+
+import pytest_evalreplay.items  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).parent))
 
