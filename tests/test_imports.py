@@ -70,8 +70,9 @@ def test_a_session_without_evals_imports_only_the_options_and_the_data_model(
         "options",
         "settings",
         "model",
+        "shard",
         "distributed",
-    }  # distributed: xdist's hooks
+    }  # shard: the type of a setting (hashlib only); distributed: xdist's hooks
     assert ours <= {"pytest_evalreplay", *(f"pytest_evalreplay.{m}" for m in start_up)}
     assert not {m for m in loaded if m.split(".")[0] in ("filelock", "numpy", "scipy")}
 
