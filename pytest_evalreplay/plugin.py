@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
     from pytest_evalreplay.report import Summary
     from pytest_evalreplay.session import EvalSession
-    from pytest_evalreplay.shard import Shard
 
 _PLUGIN_NAME = "evalreplay-session"
 GC_OLD_FACTOR = 10  # an eval session's full garbage collections: this many times rarer (evals_collected)
@@ -253,7 +252,7 @@ class EvalReplayPlugin:
     def _plan(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
         if "pytest_evalreplay.items" not in sys.modules:
             return  # no eval item can exist before its module is imported (pytest_pycollect_makeitem)
-        from pytest_evalreplay.items import GateItem, RolloutItem, TaskItem
+        from pytest_evalreplay.items import GateItem, RolloutItem, TaskItem, not_this_shard, shard_lines
 
         eval_items = [item for item in items if isinstance(item, TaskItem)]
         if not eval_items:
@@ -270,8 +269,8 @@ class EvalReplayPlugin:
                 entry[1].append(item.key)
         shard = self.settings.shard
         if shard is not None:  # every shard collects every item; the others' are deselected
-            self._shard_lines = _shard_lines(shard, eval_items)
-            self._drop(config, items, lambda i: _not_this_shard(shard, i))
+            self._shard_lines = shard_lines(shard, eval_items)
+            self._drop(config, items, lambda i: not_this_shard(shard, i))
             for name, (_, keys) in tasks.items():
                 keys[:] = [key for key in keys if shard.owns(name, key)]
         collect_only = bool(config.option.collectonly)
@@ -452,32 +451,6 @@ class EvalReplayPlugin:
             gc.set_threshold(*self._gc_thresholds)
         if self._session is not None:
             self._session.close()
-
-
-def _not_this_shard(shard: Shard, item: pytest.Item) -> bool:
-    """Another shard's rollout, or a gate (judged on the whole task, after the merge)."""
-    from pytest_evalreplay.items import GateItem, RolloutItem
-
-    if isinstance(item, GateItem):
-        return True
-    return isinstance(item, RolloutItem) and not shard.owns(item.task.name, item.key)
-
-
-def _shard_lines(shard: Shard, items: list[pytest.Item]) -> list[str]:
-    """Per task, how much of it this shard runs."""
-    from pytest_evalreplay.items import RolloutItem
-
-    counts: dict[str, list[int]] = {}
-    for item in items:
-        if isinstance(item, RolloutItem):
-            count = counts.setdefault(item.task.name, [0, 0])
-            count[0] += shard.owns(item.task.name, item.key)
-            count[1] += 1
-    return [
-        f"shard {shard}: {mine:,} of {total:,} items of {name} (the rest deselected; gates are judged after "
-        "the merge)"
-        for name, (mine, total) in counts.items()
-    ]
 
 
 def output_dir(config: pytest.Config, settings: options.Settings) -> Path:
