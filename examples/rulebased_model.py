@@ -3,7 +3,9 @@ in seconds, with no GPU, no network and no weights.
 
 It is not a language model: it answers arithmetic with a regex and a small
 calculator (and, on purpose, gets multiplication wrong by adding instead) and
-capitals from a lookup table that lacks a few countries. Every answer comes
+capitals from a lookup table that lacks a few countries. Asked in chat with
+tools (the agent example), it calls the `calculate` tool for "What is A op
+B?" and then answers with the tool's result. Every answer comes
 after a short `<think>` block, so the suite shows the reasoning strip. The
 saved run in `saved_run/` was produced by this model, and replaying it must
 give the same metrics as running it.
@@ -12,10 +14,14 @@ give the same metrics as running it.
 from __future__ import annotations
 
 import re
+from typing import Any
+
+import orjson
 
 from pytest_evalreplay import Generation, GenerationError, Request
 
 _ARITH = re.compile(r"What is (-?\d+) ([-+*]) (-?\d+)\?")
+_CALCULATION = re.compile(r"What is (-?\d+) ([-+*/]) (-?\d+)\?")
 _CAPITAL = re.compile(r"capital of (\w+)")
 _KNOWN_CAPITALS = {
     "France": "Paris",
@@ -41,6 +47,36 @@ def answer(prompt: str) -> str:
     return "I cannot answer that."
 
 
+def chat_turn(messages: list[dict[str, Any]]) -> Generation:
+    """One assistant turn of a chat with the calculator tool: a tool call for
+    the user's question, then the tool's result as the answer."""
+    last = messages[-1]
+    if last["role"] == "tool":
+        return Generation(
+            f"The answer is {last['content']}.",
+            finish_reason="stop",
+            prompt_tokens=len(messages),
+            completion_tokens=4,
+        )
+    if m := _CALCULATION.search(str(last.get("content"))):
+        arguments = {"a": int(m.group(1)), "op": m.group(2), "b": int(m.group(3))}
+        call = {
+            "id": f"call-{len(messages)}",
+            "type": "function",
+            "function": {"name": "calculate", "arguments": orjson.dumps(arguments).decode()},
+        }
+        return Generation(
+            "",
+            finish_reason="tool_calls",
+            prompt_tokens=len(messages),
+            completion_tokens=8,
+            tool_calls=(call,),
+        )
+    return Generation(
+        "I cannot answer that.", finish_reason="stop", prompt_tokens=len(messages), completion_tokens=4
+    )
+
+
 class RuleBasedModel:
     """A provider: one generation per requested rollout, identical across samples."""
 
@@ -52,7 +88,10 @@ class RuleBasedModel:
         out: list[list[Generation] | GenerationError] = []
         for request in requests:
             if not isinstance(request.context, str):
-                out.append(GenerationError("the rule-based model reads text prompts only"))
+                if request.tools:
+                    out.append([chat_turn(list(request.context)) for _ in request.rollouts])
+                else:
+                    out.append(GenerationError("the rule-based model reads chat only with tools"))
                 continue
             text = answer(request.context)
             prompt_tokens = len(request.context.split())

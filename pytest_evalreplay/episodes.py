@@ -209,7 +209,16 @@ class Episode:
                 "completion_tokens": answer.completion_tokens,
             }
         )
+        budget = runner.task.max_tokens_per_episode
+        if budget is not None and (spent := self.tokens()) > budget:
+            raise self.fail(
+                f"{self.name}, turn {number}: {spent} tokens so far, past max_tokens_per_episode={budget}"
+            )
         return answer
+
+    def tokens(self) -> int:
+        """Prompt and completion tokens of every turn so far (a count the provider left out: 0)."""
+        return sum((t["prompt_tokens"] or 0) + (t["completion_tokens"] or 0) for t in self.turns)
 
     def tool_slot(self, call: Mapping[str, Any]) -> ToolSlot:
         if self.failure is not None:

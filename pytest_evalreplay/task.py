@@ -34,7 +34,6 @@ from pytest_evalreplay.scorers import BUILTIN_TYPES, BUILTINS, BuiltinScorer, st
 
 Scorer = Callable[[str, Instance], "float | bool | Mapping[str, float]"]
 
-
 MAX_TASK_NAME = 100  # "<name>-predictions.jsonl" and its temporary files must fit a file name
 
 
@@ -148,6 +147,7 @@ class EvalTask:
         gate: Gate | None = None,
         agent: Callable[..., Any] | None = None,
         max_turns: int | None = None,
+        max_tokens_per_episode: int | None = None,
         metrics: Sequence[str] | None = None,
     ) -> None:
         __tracebackhide__ = True  # a bad argument is reported at the user's EvalTask(...) line, in one line
@@ -166,7 +166,8 @@ class EvalTask:
                 gate,
                 metrics,
             )
-            self._setup_agent(agent, max_turns)
+            limits = {"max_turns": max_turns, "max_tokens_per_episode": max_tokens_per_episode}
+            self._setup_agent(agent, limits)
         except EvalReplayError as exc:
             raise EvalReplayError(str(exc)) from None
 
@@ -238,7 +239,7 @@ class EvalTask:
         self._by_id = {inst["id"]: inst for inst in self.instances}
         self._digests: dict[tuple[int, str], str] | None = None
 
-    def _setup_agent(self, agent: Callable[..., Any] | None, max_turns: int | None) -> None:
+    def _setup_agent(self, agent: Callable[..., Any] | None, limits: dict[str, int | None]) -> None:
         """An agent task runs `agent(instance, llm)` per rollout instead of one prompt."""
         name = self.name
         if (agent is None) == (self.prompt is None):
@@ -257,14 +258,15 @@ class EvalTask:
                 f"task {name!r}: an agent sends its own messages; put the system prompt in the "
                 "messages it passes to llm.chat instead of EvalTask(system_prompt=...)"
             )
-        if max_turns is not None and (type(max_turns) is not int or max_turns < 1):
-            raise EvalReplayError(
-                f"task {name!r}: max_turns must be a positive integer or None, got {max_turns!r}"
-            )
-        if max_turns is not None and agent is None:
-            raise EvalReplayError(f"task {name!r}: max_turns limits an agent's episode; give agent=... too")
+        for field, limit in limits.items():
+            if limit is not None and (type(limit) is not int or limit < 1):
+                raise EvalReplayError(
+                    f"task {name!r}: {field} must be a positive integer or None, got {limit!r}"
+                )
+            if limit is not None and agent is None:
+                raise EvalReplayError(f"task {name!r}: {field} limits an agent's episode; give agent=... too")
         self.agent = agent
-        self.max_turns = max_turns
+        self.max_turns, self.max_tokens_per_episode = limits["max_turns"], limits["max_tokens_per_episode"]
 
     def __repr__(self) -> str:
         return f"EvalTask({self.name!r}, {len(self.instances)} instances, num_samples={self.num_samples})"

@@ -152,6 +152,26 @@ def test_max_turns_fails_the_item_and_keeps_the_transcript(project):
     assert doc["num_failed"] == 6 and doc["metrics"] == {}
 
 
+def test_an_episode_past_its_token_budget_fails_with_the_transcript_so_far(project):
+    # Each episode: turn 1 costs 3 + 2 tokens, turn 2 costs 5 + 4: 14 in all.
+    project.makepyfile(test_sums=AGENT.replace("max_turns=4", "max_turns=4, max_tokens_per_episode=10"))
+    result = project.runpytest("--evalreplay-output=run")
+    result.assert_outcomes(failed=6)
+    result.stdout.fnmatch_lines(
+        ["*episode 'q0' rollout 0, turn 2: 14 tokens so far, past max_tokens_per_episode=10*"]
+    )
+    rows = [orjson.loads(line) for line in transcripts(project.path / "run").splitlines()]
+    assert len(rows) == 6 and all(len(r["turns"]) == 2 and r["answer"] is None for r in rows)
+    assert all("max_tokens_per_episode=10" in r["error"] for r in rows)
+    doc = orjson.loads((project.path / "run" / "sums-metrics.json").read_bytes())
+    assert doc["num_failed"] == 6 and doc["metrics"] == {}
+
+
+def test_an_episode_at_its_token_budget_passes(project):
+    project.makepyfile(test_sums=AGENT.replace("max_turns=4", "max_turns=4, max_tokens_per_episode=14"))
+    project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+
+
 def test_an_agent_that_raises_fails_its_item(project):
     project.makepyfile(test_sums=AGENT.replace("return turn.text", "raise ValueError('confused')"))
     result = project.runpytest("--evalreplay-output=run")

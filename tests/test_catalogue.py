@@ -52,7 +52,7 @@ from pytest_evalreplay import EvalTask, Gate, scorers
 t = EvalTask({name}, {instances}, prompt={prompt}, scorer={scorer}, num_samples={num_samples},
              sampling={sampling}, gate={gate}, system_prompt={system_prompt},
              strip_reasoning={strip_reasoning}, agent={agent}, max_turns={max_turns},
-             metrics={metrics})
+             max_tokens_per_episode={max_tokens_per_episode}, metrics={metrics})
 """
 
 
@@ -79,6 +79,7 @@ BASE_FIELDS = {
     "strip_reasoning": "False",
     "agent": "None",
     "max_turns": "None",
+    "max_tokens_per_episode": "None",
     "metrics": "None",
 }
 
@@ -230,6 +231,16 @@ CASES: dict[str, Case] = {
         ret=C,
         fields={"prompt": "None", "agent": "lambda i, llm: ''", "max_turns": "0"},
         message="task 't': max_turns must be a positive integer or None, got 0",
+    ),
+    "an agent task with max_tokens_per_episode=0": Case(
+        ret=C,
+        fields={"prompt": "None", "agent": "lambda i, llm: ''", "max_tokens_per_episode": "0"},
+        message="task 't': max_tokens_per_episode must be a positive integer or None, got 0",
+    ),
+    "a token budget on a task without an agent": Case(
+        ret=C,
+        fields={"max_tokens_per_episode": "100"},
+        message="task 't': max_tokens_per_episode limits an agent's episode; give agent=... too",
     ),
     "an agent task with a system prompt": Case(
         ret=C,
