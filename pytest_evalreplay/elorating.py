@@ -65,17 +65,28 @@ class Ratings:
 
     def block(self, log: StageLog, plans: Mapping[int, Any], stages: int) -> dict[str, Any]:
         """The contract's `elo` block for metrics.json, with the per-stage table."""
-        from pytest_evalreplay.elo import fit_to_json, table_to_json
+        from pytest_evalreplay.elo import fit_elo, fit_to_json, table_to_json
+        from pytest_evalreplay.elo_table import tabulate
 
-        final = self.fit(upto=stages, n_boot=1000)
+        # Each stage's judged rows once: every table below is a run of stages
+        # (judged_rows(upto) is their concatenation), tabulated from them.
+        per_stage = {stage: self.judged_rows(stage, only=stage) for stage in range(1, stages + 1)}
+
+        def upto(last: int) -> list[tuple[str, str, float, int]]:
+            return [row for stage in range(1, last + 1) for row in per_stage[stage]]
+
+        whole = tabulate(upto(stages), self.references)
+        final = fit_elo(whole, n_boot=1000, seed=self.seed)
         rows = []
         for stage in range(1, stages + 1):
             record = log.stages.get(stage)
             plan = plans.get(stage)
             references = list(plan.references) if plan else (list(record.references) if record else [])
             prior = plan.prior_rating if plan else (record.prior_rating if record else None)
-            cumulative = fit_to_json(self.fit(upto=stage))
-            table = self.table(upto=stage, only=stage)
+            cumulative = fit_to_json(
+                fit_elo(tabulate(upto(stage), self.references), n_boot=0, seed=self.seed)
+            )
+            table = tabulate(per_stage[stage], self.references)
             counts = {"wins": 0, "ties": 0, "losses": 0}
             for c in table.reference_counts():
                 counts["wins"] += c.wins
@@ -99,7 +110,7 @@ class Ratings:
                 }
             )
         block = fit_to_json(final)
-        block.update({"seed": self.seed, "stages": rows, "table": table_to_json(self.table(upto=stages))})
+        block.update({"seed": self.seed, "stages": rows, "table": table_to_json(whole)})
         return block
 
     def with_rating(
