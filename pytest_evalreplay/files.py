@@ -226,6 +226,14 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def temporary_prefix(path: Path) -> str:
+    """How `atomic_write`'s temporary files for `path` begin: the whole name
+    (a run dir file's name is far shorter than 200 characters), so the
+    temporaries of `t-requests.jsonl` and of `t-judge-requests.jsonl` never
+    share a prefix."""
+    return f".{path.name[:200]}."
+
+
 def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
     """Replace `path` with `data` (bytes, or chunks written as they come, so a
     large file is never held whole): a fresh temporary file (created
@@ -233,7 +241,7 @@ def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
     and renamed over `path`. A symlink at `path` is replaced, never written
     through."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:80]}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path), suffix=".tmp")
     except OSError as exc:
         raise os_error(path, exc, "write") from None
     try:

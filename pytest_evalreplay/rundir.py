@@ -39,6 +39,7 @@ from pytest_evalreplay.files import (
     os_error,
     process_umask,
     refuse_link,
+    temporary_prefix,
 )
 from pytest_evalreplay.journal import GenRef, JournalIndex
 from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome
@@ -144,7 +145,7 @@ def write_task(
             )
 
     files = task_files(directory, outcome.task)
-    remove_stale_temporaries(directory, f".{outcome.task}-")
+    remove_stale_temporaries(directory, [*files.values(), directory / f"{outcome.task}{TRANSCRIPTS_SUFFIX}"])
     atomic_write(files["requests"], _jsonl(requests()))
     atomic_write(files["predictions"], _jsonl(predictions()))
     if metrics:
@@ -174,11 +175,13 @@ def without_saved_sampling(generation: Generation) -> Generation:
     return dataclasses.replace(generation, metadata=metadata)
 
 
-def remove_stale_temporaries(directory: Path, prefix: str) -> None:
-    """Temporary files a killed writer left behind (the caller holds the lock
-    that every writer of those files holds, so none is in use)."""
+def remove_stale_temporaries(directory: Path, targets: Iterable[Path]) -> None:
+    """Temporary files a killed writer left behind for these files (the caller
+    holds the lock that every writer of them holds, so none is in use; other
+    files' temporaries, such as a judge's beside its task, are not ours)."""
+    prefixes = tuple(temporary_prefix(t) for t in targets)
     try:
-        stale = [p for p in directory.iterdir() if p.name.startswith(prefix) and p.name.endswith(".tmp")]
+        stale = [p for p in directory.iterdir() if p.name.startswith(prefixes) and p.name.endswith(".tmp")]
     except OSError:
         return
     for path in stale:
@@ -203,7 +206,7 @@ def write_manifest(
 ) -> None:
     """Merge this run's tasks into manifest.json (the caller holds the manifest lock)."""
     path = directory / MANIFEST
-    remove_stale_temporaries(directory, f".{MANIFEST}.")
+    remove_stale_temporaries(directory, [path])
     try:
         doc = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError):

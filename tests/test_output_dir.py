@@ -206,3 +206,19 @@ def test_a_lock_is_reentrant_and_released(tmp_path: Path) -> None:
     other = NoFollowLock(tmp_path / ".t.lock", timeout=0)
     with other:  # free again for another holder
         assert os.path.isfile(tmp_path / ".t.lock")
+
+
+def test_a_task_s_stale_temporaries_are_its_own_files_only(tmp_path: Path) -> None:
+    """Under xdist one worker writes task `math`'s run dir (under the task's
+    lock) while another writes `math-judge`'s files (under the judge's lock):
+    the first must not remove the second's temporary files as stale, or that
+    rename fails ("run dir not written: ...: No such file or directory")."""
+    from pytest_evalreplay.rundir import remove_stale_temporaries
+    from pytest_evalreplay.runschema import task_files
+
+    judge_tmp = tmp_path / ".math-judge-requests.jsonl.ab12cd34.tmp"
+    judge_tmp.write_bytes(b"in use")
+    own_tmp = tmp_path / ".math-requests.jsonl.ef56gh78.tmp"
+    own_tmp.write_bytes(b"left by a killed writer")
+    remove_stale_temporaries(tmp_path, task_files(tmp_path, "math").values())
+    assert judge_tmp.exists() and not own_tmp.exists()
