@@ -235,9 +235,11 @@ class Rollouts(ABC):
     def finish(self) -> TaskOutcome:
         """The run dir files from the journal, under the task lock, so the last
         process of a run to finish writes the fullest view; nothing new runs."""
-        self.before_finish()
         recorder = self.recorder
-        recorder.flush()
+        try:
+            self.before_finish()
+        finally:
+            recorder.flush()  # the scores computed so far are kept, also when a file could not be written
         with recorder.locked():
             recorder.refresh()
             outcome = self.outcome_now()
