@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import stdtr, stdtrit
@@ -17,12 +18,20 @@ from pytest_evalreplay.student_t import t_quantile
 dfs = st.one_of(st.integers(1, 60), st.integers(1, 10**6))
 tails = st.floats(1e-12, 0.499)
 
+# scipy 1.10's stdtrit (the oldest supported) is accurate to a few parts in 1e9
+# only (at 1 degree of freedom it puts the 0.25 quantile, exactly -1, at
+# -1.0000000000134); later versions are accurate to about an ulp.
+SCIPY_REL = 1e-12 if tuple(int(x) for x in scipy.__version__.split(".")[:2]) >= (1, 11) else 5e-9
+# numpy 1.x adds long arrays in another order than numpy 2's pairwise sum,
+# which t_interval follows: there the bounds agree to an ulp, not to the bit.
+NUMPY_2 = int(np.__version__.split(".")[0]) >= 2
+
 
 @settings(deadline=None, max_examples=300)
 @given(dfs, tails, st.booleans())
 def test_matches_scipy_across_degrees_of_freedom(df, tail, upper):
     p = 1 - tail if upper else tail
-    assert t_quantile(df, p) == pytest.approx(float(stdtrit(df, p)), rel=1e-12)
+    assert t_quantile(df, p) == pytest.approx(float(stdtrit(df, p)), rel=SCIPY_REL)
 
 
 @pytest.mark.parametrize("df", [2, 3, 4, 11, 1000, 10**6])
@@ -79,4 +88,8 @@ def test_interval_is_numpys_to_the_bit(values, confidence):
 def test_long_sums_are_numpys_to_the_bit(n):
     values = np.random.default_rng(n).random(n).tolist()
     got = t_interval(values)
-    assert (got.mean, got.lo, got.hi) == _numpy_interval(values, 0.95)
+    want = _numpy_interval(values, 0.95)
+    if NUMPY_2:
+        assert (got.mean, got.lo, got.hi) == want
+    else:
+        assert (got.mean, got.lo, got.hi) == pytest.approx(want, rel=1e-15)
