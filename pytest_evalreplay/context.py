@@ -116,6 +116,18 @@ class RunContext:
     def resuming(self) -> bool:
         return self.settings.resume or self.settings.resume_stage is not None
 
+    def open_journal(self, directory: Path, name: str) -> TaskRecorder:
+        """The writer of journal `name` in `directory` for this run, with the
+        journal read as the session found it (a run without --resume compacts
+        it once before its first write; --evalreplay-reset starts it afresh)."""
+        reset = self.settings.reset
+        recorder = TaskRecorder(
+            directory, name, self.run_id, reset, self.snapshot.get(name), compact=not self.resuming
+        )
+        if not reset:
+            recorder.read_snapshot()
+        return recorder
+
     def note(self, line: str) -> None:
         if line not in self.notes:
             self.notes.append(line)

@@ -162,24 +162,13 @@ class Judging:
     ctx: RunContext
     eval: EloEval
     directory: Path
-    reset: bool
     recorder: TaskRecorder | None = None  # the LLM judge's journal
     _references: dict[str, Any] = field(default_factory=dict)
     _provider: tuple[Any, str, dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.eval.judge, LlmJudge):
-            name = judge_files_name(self.eval.name)
-            self.recorder = TaskRecorder(
-                self.directory,
-                name,
-                self.ctx.run_id,
-                self.reset,
-                self.ctx.snapshot.get(name),
-                compact=not self.ctx.resuming,
-            )
-            if not self.reset:
-                self.recorder.read_snapshot()
+            self.recorder = self.ctx.open_journal(self.directory, judge_files_name(self.eval.name))
 
     @property
     def llm(self) -> LlmJudge | None:

@@ -138,7 +138,7 @@ class EloRun(Rollouts):
             fingerprints=fingerprints,
             configs=configs,
             replan_from=replan_from,
-            judging=Judging(ctx, eval_, directory, reset=index is None),
+            judging=Judging(ctx, eval_, directory),
             ratings=ratings,
             lines=[*stage_lines, *lines],
             waiting=waiting,

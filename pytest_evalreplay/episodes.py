@@ -307,16 +307,7 @@ class EpisodeRunner:
         self.recorder = recorder
         self.lock = threading.RLock()
         settings = ctx.settings
-        self.turns = TaskRecorder(
-            recorder.directory,
-            turns_name(name),
-            ctx.run_id,
-            settings.reset,
-            ctx.snapshot.get(turns_name(name)),
-            compact=not ctx.resuming,
-        )
-        if not settings.reset:
-            self.turns.read_snapshot()
+        self.turns = ctx.open_journal(recorder.directory, turns_name(name))
         self.saved: transcripts.SavedEpisodes | None = None
         if settings.provider == "replay" and settings.predictions is not None:
             self.saved = transcripts.SavedEpisodes.read(settings.predictions, name)

@@ -36,22 +36,11 @@ class Grading:
     task: EvalTask
     graded: Graded
     directory: Path
-    reset: bool
     recorder: TaskRecorder = field(init=False)
     _provider: tuple[Any, str, dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
-        name = judge_files_name(self.task.name)
-        self.recorder = TaskRecorder(
-            self.directory,
-            name,
-            self.ctx.run_id,
-            self.reset,
-            self.ctx.snapshot.get(name),
-            compact=not self.ctx.resuming,
-        )
-        if not self.reset:
-            self.recorder.read_snapshot()
+        self.recorder = self.ctx.open_journal(self.directory, judge_files_name(self.task.name))
 
     def provider(self) -> tuple[Any, str, dict[str, Any]]:
         if self._provider is None:

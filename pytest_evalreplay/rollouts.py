@@ -37,13 +37,10 @@ def open_recorder(
     result: one without --resume reuses nothing (`planning.decide`) and
     appends its generations after the older ones, compacting the journal
     once before its first write (`recorder.compact_journal`)."""
-    reset = ctx.settings.reset
-    recorder = TaskRecorder(
-        directory, name, ctx.run_id, reset, ctx.snapshot.get(name), compact=not ctx.resuming
-    )
-    if reset:
+    recorder = ctx.open_journal(directory, name)
+    if ctx.settings.reset:
         return recorder, None
-    index = recorder.read_snapshot()
+    index = recorder.index
     if index.torn is not None:
         ctx.note(f"{index.path}:{index.torn}: ignored a torn last line (a run died mid-write)")
     if ctx.resuming or narrowed:  # a full run without --resume reads no old row

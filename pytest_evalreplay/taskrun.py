@@ -60,7 +60,7 @@ class TaskRun(Rollouts):
             decisions.reuse.clear()
         run = cls(ctx, task.name, task, plan, recorder, list(selected), decisions, gate=task.gate)
         if isinstance(task.scorer, Graded):
-            run.grading = Grading(ctx, task, task.scorer, directory, reset=index is None)
+            run.grading = Grading(ctx, task, task.scorer, directory)
         run.note_unfinished(index)
         return run
 
