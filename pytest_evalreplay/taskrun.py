@@ -133,9 +133,14 @@ class TaskRun(Rollouts):
         saved = index.score_of(key, gen)
         if saved is None or saved.run != self.ctx.run_id:
             return self._score(key, index.generation(gen), gen.run)
+        return self._saved_result(key, gen, saved)
+
+    def _saved_result(self, key: RolloutKey, gen: GenRef, saved: ScoreRef) -> RolloutResult:
+        """An item's result from scores the journal holds (no scorer called)."""
+        self.resolved.add(key)
         return self.result_of(
             key,
-            generation=self.task.postprocess(index.generation(gen)),
+            generation=self.task.postprocess(self.recorder.index.generation(gen)),
             scores=dict(saved.scores or {}),
             error=saved.error,
             failure_class="scoring" if saved.error else None,
@@ -177,12 +182,9 @@ class TaskRun(Rollouts):
         gen = self.decisions.reuse[key]
         index = self.recorder.index
         saved = self._kept_scores(key, gen)
-        if saved is not None and saved.scores is not None:
-            self.resolved.add(key)
+        if saved is not None:
             self._tally(saved.scores)
-            return self.result_of(
-                key, generation=self.task.postprocess(index.generation(gen)), scores=dict(saved.scores)
-            )
+            return self._saved_result(key, gen, saved)
         return self._score(key, index.generation(gen), gen.run)
 
     def _tally(self, scores: Mapping[str, float] | None) -> None:
