@@ -76,7 +76,8 @@ def t_interval(values: Iterable[float], confidence: float = CONFIDENCE) -> Inter
 
     Pure Python, so a session's metrics import neither numpy nor scipy: the
     mean and the standard deviation add up in numpy's order (`_sum`), so they
-    are numpy's to the bit; the t quantile is the correctly rounded one.
+    are numpy 2's to the bit (numpy 1.x adds long arrays in another order,
+    within an ulp); the t quantile is the correctly rounded one.
     """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence!r}")
@@ -114,7 +115,7 @@ def t_interval(values: Iterable[float], confidence: float = CONFIDENCE) -> Inter
 
 def _sum(x: list[float]) -> float:
     """The sum of x in numpy's float64 order (pairwise, eight accumulators
-    per block of up to 128), so an interval is the one numpy gave to the bit."""
+    per block of up to 128), so an interval is the one numpy 2 gave, to the bit."""
     return -0.0 + _pairwise(x, 0, len(x)) if x else 0.0
 
 
