@@ -263,7 +263,7 @@ class EpisodeRunner:
         """One batch of turns into the turns journal; each turn's answer as it
         was written (a failed turn's, read back from its `fail` row)."""
         digests = {r.instance_id: self.asked.pop(r.instance_id, None) or request_digest(r) for r in requests}
-        answers: dict[str, Generation] = {}
+        answers: dict[str, Generation | Failure] = {}
         with self.lock:
             stream_into_journal(
                 self.turns,
@@ -274,21 +274,14 @@ class EpisodeRunner:
                 digest_of=lambda r: digests[r.instance_id],
                 progress=ProgressSink(),
                 on_answer=lambda key, gen: answers.__setitem__(key[1], gen),
+                on_failure=lambda failure: answers.__setitem__(failure.instance_id, failure),
+                settle=False,
             )
-            index = self.turns.index
-            out: list[Generation | Failure] = []
-            for request in requests:
-                answer = answers.get(request.instance_id)
-                if answer is not None:
-                    out.append(answer)
-                    continue
-                key = (request.stage, request.instance_id, 0)
-                _, fail = index.standing(key, digests[request.instance_id], self.pv)
-                if fail is not None:
-                    out.append(fail.failure)
-                else:
-                    out.append(Failure(key[0], key[1], (0,), 1, "retryable", "no answer was recorded", True))
-            return out
+        return [
+            answers.get(r.instance_id)
+            or Failure(r.stage, r.instance_id, (0,), 1, "retryable", "no answer was recorded", True)
+            for r in requests
+        ]
 
     # -- running -----------------------------------------------------------------------
 

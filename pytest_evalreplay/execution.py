@@ -313,7 +313,9 @@ class Failed:
 
 @dataclass(frozen=True)
 class RoundEnd:
-    """A provider call ended; retries (if any) follow in the next call."""
+    """A provider call ended; `retries` requests are asked again in the next call."""
+
+    retries: int = 0
 
 
 Event = Done | Failed | RoundEnd
@@ -359,7 +361,7 @@ def generate_events(
             )
             if retry:
                 again.append(request)
-        yield RoundEnd()
+        yield RoundEnd(len(again))
         pending = again
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from pytest_evalreplay.context import ProgressSink, ProviderExit
 from pytest_evalreplay.execution import Done, Failed, RoundEnd, generate_events
 from pytest_evalreplay.journal import RolloutKey
-from pytest_evalreplay.model import Generation, Provider, Request, RequestKey, request_content, request_digest
+from pytest_evalreplay.model import Failure, Generation, Provider, Request, RequestKey, request_content, request_digest
 from pytest_evalreplay.recorder import TaskRecorder
 from pytest_evalreplay.settings import Settings
 
@@ -33,11 +33,16 @@ def stream_into_journal(
     progress: ProgressSink | None = None,
     name: str | None = None,
     on_answer: Callable[[RolloutKey, Generation], None] | None = None,
+    on_failure: Callable[[Failure], None] | None = None,
+    settle: bool = True,
 ) -> None:
     """Generate `requests` into `recorder`'s journal. `identity` is the
     provider's digest and identity; `digest_of` names each request's content
     (a task passes the digests it rendered at collection); `on_answer` sees
-    each generation once its row is written."""
+    each generation once its row is written, `on_failure` each final failure.
+    `settle=False` leaves the end's fsync and index catch-up to the caller
+    (an agent's turn batches: every row is already written, and fsynced
+    within `files.SYNC_SECONDS`; the episode runner settles once at its end)."""
     pv, ident = identity
     progress = progress or ProgressSink()
     name = name or recorder.task
@@ -47,7 +52,8 @@ def stream_into_journal(
     try:
         for event in generate_events(provider, requests, settings.max_attempts, prior, settings.timeout):
             if isinstance(event, RoundEnd):
-                recorder.flush()  # failed attempts are durable before any retry
+                if event.retries:
+                    recorder.flush()  # failed attempts are durable before any retry
                 continue
             req = event.request
             rq = digest_of(req)
@@ -64,6 +70,8 @@ def stream_into_journal(
                     failures += 1
                     done_requests += 1
             recorder.add(rows)
+            if on_failure is not None and isinstance(event, Failed) and event.failure.final:
+                on_failure(event.failure)
             if on_answer is not None and isinstance(event, Done):
                 for rollout, gen in zip(req.rollouts, event.generations, strict=True):
                     on_answer((req.stage, req.instance_id, rollout), gen)
@@ -72,4 +80,5 @@ def stream_into_journal(
         raise ProviderExit(f"the provider raised SystemExit({exc.code!r}); stopping the session") from None
     finally:
         progress.end(name)
-        recorder.flush()  # what arrived is kept, also when the session is stopped
+        if settle:
+            recorder.flush()  # what arrived is kept, also when the session is stopped

@@ -61,8 +61,9 @@ def test_retryable_failures_are_retried_in_rounds_up_to_the_cap():
     assert provider.calls == [["i0", "i1", "i2"]] * 3
     assert [(f.attempt, f.final) for f in failures(events)[:3]] == [(1, False)] * 3
     assert sum(isinstance(e, Done) for e in events) == 3
-    # Each provider call ends a round, so the caller can save failed attempts before a retry.
-    assert sum(isinstance(e, RoundEnd) for e in events) == 3
+    # Each provider call ends a round, so the caller can save failed attempts before a retry;
+    # the round says how many are retried (none after the last: nothing to save before).
+    assert [e.retries for e in events if isinstance(e, RoundEnd)] == [3, 3, 0]
 
 
 def test_attempt_cap_counts_earlier_attempts():
