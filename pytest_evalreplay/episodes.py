@@ -114,7 +114,7 @@ class Episode:
             answer = runner.recorded((stage, request.instance_id, 0), rq, runner.pv)
         if answer is None:
             self.live = True
-            runner.asked[request.instance_id] = rq  # its digest, for the batch's journal rows
+            runner.asked[request.instance_id] = (rq, self._row_content(request))  # for the batch's rows
             answer = runner.batcher.ask(request)
         if isinstance(answer, str):
             raise self.fail(answer)
@@ -139,6 +139,19 @@ class Episode:
                 f"{self.name}, turn {number}: {spent} tokens so far, past max_tokens_per_episode={budget}"
             )
         return answer
+
+    def _row_content(self, request: Request) -> dict[str, Any]:
+        """What the turn's request row holds: the messages added since the
+        turn before (`after`: that turn's digest) when it sent those first,
+        so the journal grows with the conversation and not with its square;
+        the digest stays over the whole request."""
+        content = request_content(request)
+        prev = self.turns[-1]["messages"] if self.turns else None
+        messages = content["context"]
+        if prev is not None and messages[: len(prev)] == prev:
+            del content["context"]
+            content["after"], content["added"] = self._last_turn, messages[len(prev) :]
+        return content
 
     def tokens(self) -> int:
         """Prompt and completion tokens of every turn so far (a count the provider left out: 0)."""
@@ -188,15 +201,16 @@ class Episode:
 
     def transcript(self, answer: str | None) -> dict[str, Any]:
         last = self.turns[-1] if self.turns else None
+        messages = [*last["messages"], last["reply"]] if last is not None else []
         return {
             "instance_id": self.key[1],
             "stage": self.key[0],
             "rollout": self.key[2],
             "answer": answer,
             "error": None if self.failure is None else self.failure[1],
-            "turns": self.turns,
+            "turns": [transcripts.compact_turn(turn, messages) for turn in self.turns],
             "tool_results": self.tool_results,
-            "messages": [*last["messages"], last["reply"]] if last is not None else [],
+            "messages": messages,
         }
 
     def final(self, answer: str) -> Generation:
@@ -237,7 +251,7 @@ class EpisodeRunner:
             self.saved = transcripts.SavedEpisodes.read(settings.predictions, name)
         self.pv = ctx.provider_digest
         self.batcher = TurnBatcher(self._generate)
-        self.asked: dict[str, str] = {}  # a turn in flight's request digest, by its instance id
+        self.asked: dict[str, tuple[str, dict[str, Any]]] = {}  # a turn in flight's digest and row content
 
     # -- the journal ---------------------------------------------------------------
 
@@ -261,8 +275,8 @@ class EpisodeRunner:
 
     def _generate(self, requests: list[Request]) -> list[Generation | Failure]:
         """One batch of turns into the turns journal; each turn's answer as it
-        was written (a failed turn's, read back from its `fail` row)."""
-        digests = {r.instance_id: self.asked.pop(r.instance_id, None) or request_digest(r) for r in requests}
+        was written, or its final failure."""
+        asked = {r.instance_id: self.asked.pop(r.instance_id) for r in requests}
         answers: dict[str, Generation | Failure] = {}
         with self.lock:
             stream_into_journal(
@@ -271,7 +285,8 @@ class EpisodeRunner:
                 (self.pv, self.ctx.provider_identity),
                 requests,
                 self.ctx.settings,
-                digest_of=lambda r: digests[r.instance_id],
+                digest_of=lambda r: asked[r.instance_id][0],
+                content_of=lambda r: asked[r.instance_id][1],
                 progress=ProgressSink(),
                 on_answer=lambda key, gen: answers.__setitem__(key[1], gen),
                 on_failure=lambda failure: answers.__setitem__(failure.instance_id, failure),

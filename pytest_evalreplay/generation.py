@@ -16,7 +16,15 @@ from typing import Any
 from pytest_evalreplay.context import ProgressSink, ProviderExit
 from pytest_evalreplay.execution import Done, Failed, RoundEnd, generate_events
 from pytest_evalreplay.journal import RolloutKey
-from pytest_evalreplay.model import Failure, Generation, Provider, Request, RequestKey, request_content, request_digest
+from pytest_evalreplay.model import (
+    Failure,
+    Generation,
+    Provider,
+    Request,
+    RequestKey,
+    request_content,
+    request_digest,
+)
 from pytest_evalreplay.recorder import TaskRecorder
 from pytest_evalreplay.settings import Settings
 
@@ -29,6 +37,7 @@ def stream_into_journal(
     settings: Settings,
     *,
     digest_of: Callable[[Request], str] = request_digest,
+    content_of: Callable[[Request], Mapping[str, Any]] = request_content,
     prior: Mapping[RequestKey, int] | None = None,
     progress: ProgressSink | None = None,
     name: str | None = None,
@@ -38,7 +47,9 @@ def stream_into_journal(
 ) -> None:
     """Generate `requests` into `recorder`'s journal. `identity` is the
     provider's digest and identity; `digest_of` names each request's content
-    (a task passes the digests it rendered at collection); `on_answer` sees
+    (a task passes the digests it rendered at collection) and `content_of`
+    what its request row holds (an agent's turn: what it added to the turn
+    before); `on_answer` sees
     each generation once its row is written, `on_failure` each final failure.
     `settle=False` leaves the end's fsync and index catch-up to the caller
     (an agent's turn batches: every row is already written, and fsynced
@@ -57,7 +68,7 @@ def stream_into_journal(
                 continue
             req = event.request
             rq = digest_of(req)
-            rows = recorder.request_rows(rq, request_content(req))
+            rows = recorder.request_rows(rq, content_of(req))
             if isinstance(event, Done):
                 for rollout, gen in zip(req.rollouts, event.generations, strict=True):
                     rows.append(recorder.gen((req.stage, req.instance_id, rollout), rq, pv, gen))

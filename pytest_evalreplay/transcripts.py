@@ -7,7 +7,11 @@ null when the episode failed), `error` (why it failed, or null), `turns`
 back, `reply`, `finish_reason`, `prompt_tokens`, `completion_tokens`),
 `tool_results` (per tool call, in order: the `turn` it followed, the `call`
 and its `result`) and `messages` (the last messages sent, then the last
-reply). Replay matches each turn by what was sent, exactly.
+reply). A turn that sent the first messages of that list says how many,
+`sent`, instead of repeating them (so a row grows with the conversation,
+not with its square); one that sent anything else (an agent that rewrote
+its history) holds its `messages`. Replay matches each turn by what was
+sent, exactly.
 """
 
 from __future__ import annotations
@@ -85,6 +89,34 @@ def _code(text: str) -> str:
     return f"{ticks} {text} {ticks}"
 
 
+def compact_turn(turn: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
+    """A transcript turn as the row holds it: `sent` (how many of the
+    episode's last `messages` it sent) in place of the messages, when they
+    are the first of those."""
+    sent_messages = turn["messages"]
+    n = len(sent_messages)
+    if messages[:n] != sent_messages:
+        return turn
+    return {("sent" if k == "messages" else k): (n if k == "messages" else v) for k, v in turn.items()}
+
+
+def turn_messages(row: Mapping[str, Any], turn: Mapping[str, Any]) -> Any:
+    """The messages a transcript turn sent (read checked them: `SavedEpisodes.read`)."""
+    return row["messages"][: turn["sent"]] if "sent" in turn else turn.get("messages")
+
+
+def _turn_problem(row: Mapping[str, Any], turn: Any) -> str | None:
+    if not isinstance(turn, dict):
+        return "is not an object"
+    if "sent" not in turn:
+        return None
+    sent_count, messages = turn["sent"], row.get("messages")
+    total = len(messages) if isinstance(messages, list) else 0
+    if type(sent_count) is not int or not 0 <= sent_count <= total:
+        return f"'sent' must count leading messages of the row's 'messages' (0 to {total}): {sent_count!r:.40}"
+    return None
+
+
 def sent(messages: Any, tools: Any, sampling: Any) -> str:
     """What a turn sent, as the canonical JSON text replay compares."""
     return orjson.dumps({"messages": messages, "tools": tools, "sampling": sampling}, option=_SORTED).decode()
@@ -121,7 +153,6 @@ class SavedEpisodes:
                 and type(row.get("stage")) is int
                 and type(row.get("rollout")) is int
                 and isinstance(row.get("turns"), list)
-                and all(isinstance(t, dict) for t in row["turns"])
                 and isinstance(row.get("tool_results"), list)
                 and all(isinstance(t, dict) and "call" in t for t in row["tool_results"])
             )
@@ -130,6 +161,12 @@ class SavedEpisodes:
                     f"{where}: not a transcript row (needs instance_id, stage, rollout, a list of turns and "
                     "of tool_results)"
                 )
+            for number, turn in enumerate(row["turns"], 1):
+                if (problem := _turn_problem(row, turn)) is not None:
+                    raise EvalReplayError(
+                        f"{where}: turn {number} {problem}; this is not a transcript the plugin wrote, "
+                        "replay the run dir as saved"
+                    )
             episodes[(row["stage"], row["instance_id"], row["rollout"])] = row
         return cls(path, episodes)
 
@@ -147,7 +184,7 @@ class SavedEpisodes:
                 f"ended after {len(turns)} turns ({self.path})"
             )
         saved = turns[number - 1]
-        was = sent(saved.get("messages"), saved.get("tools"), saved.get("sampling"))
+        was = sent(turn_messages(row, saved), saved.get("tools"), saved.get("sampling"))
         if was != now:
             return (
                 f"replay: {name}, turn {number}: the agent sent what the saved episode never asked: "
