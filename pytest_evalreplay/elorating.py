@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_evalreplay.journal import JournalIndex, RolloutKey, ScoreRef
+from pytest_evalreplay.journal import RolloutKey
+from pytest_evalreplay.journalindex import JournalIndex, ScoreRef
 from pytest_evalreplay.metrics import TaskOutcome, item_outcome
 from pytest_evalreplay.planning import TaskPlan
 from pytest_evalreplay.stagelog import StageLog

@@ -33,7 +33,8 @@ from pytest_evalreplay.elojudge import Judging
 from pytest_evalreplay.elorating import Ratings
 from pytest_evalreplay.fingerprint import describe_change, fingerprint
 from pytest_evalreplay.gates import BaselineTask, PairedDrop
-from pytest_evalreplay.journal import JournalIndex, RolloutKey
+from pytest_evalreplay.journal import RolloutKey
+from pytest_evalreplay.journalindex import JournalIndex
 from pytest_evalreplay.metrics import TaskOutcome, item_outcome, task_outcome
 from pytest_evalreplay.model import EvalReplayError, RolloutResult
 from pytest_evalreplay.planning import Decisions, TaskPlan

@@ -345,12 +345,13 @@ class AppendFile:
             self._fd, self._id = fd, (st.st_dev, st.st_ino)
         return fd
 
-    def write(self, blob: bytes) -> None:
+    def write(self, blob: bytes) -> tuple[int, tuple[int, int] | None]:
+        """Append `blob`; where it starts, and the (st_dev, st_ino) of the file it went to."""
         if not blob:
-            return
+            return -1, None
         try:
             fd = self._current_fd()
-            _cut_torn_tail(fd, os.lseek(fd, 0, os.SEEK_END))
+            start = _cut_torn_tail(fd, os.lseek(fd, 0, os.SEEK_END))
             view = memoryview(blob)
             while view:
                 view = view[os.write(fd, view) :]
@@ -361,6 +362,7 @@ class AppendFile:
             self._dirty = True
         if first:
             _SYNCER.due(self)
+        return start, self._id
 
     def sync(self) -> None:
         """fsync what was written since the last sync, if anything. The fd is

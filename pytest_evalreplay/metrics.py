@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pytest_evalreplay import passk
-from pytest_evalreplay.journal import GenRef, JournalIndex, RolloutKey
+from pytest_evalreplay.journal import RolloutKey
+from pytest_evalreplay.journalindex import GenRef, JournalIndex
 from pytest_evalreplay.planning import TaskPlan, is_final
 
 Status = Literal["ok", "failed", "missing"]

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pytest_evalreplay.journal import FailRef, GenRef, JournalIndex, RolloutKey
+from pytest_evalreplay.journal import RolloutKey
+from pytest_evalreplay.journalindex import FailRef, GenRef, JournalIndex
 from pytest_evalreplay.model import Failure, RequestKey
 from pytest_evalreplay.passk import SampleMetric
 

@@ -32,7 +32,8 @@ import orjson
 
 from pytest_evalreplay import journal, rundir
 from pytest_evalreplay.files import NoFollowLock, atomic_write, own_dir, read_bytes
-from pytest_evalreplay.journal import JournalIndex, RolloutKey
+from pytest_evalreplay.journal import RolloutKey
+from pytest_evalreplay.journalindex import JournalIndex
 from pytest_evalreplay.metrics import TaskOutcome
 from pytest_evalreplay.model import Failure, Generation
 
@@ -130,6 +131,8 @@ class TaskRecorder:
                 compact_journal(self.path, self.task, self.run)
                 self.index.refresh()  # a new file: read afresh
         journal.ensure_header(self.directory, self.task, self.run)
+        if self.index.file_id is None:
+            self.index.refresh()  # a new journal: its header, so this process's rows index as written
         self._prepared = True
 
     def add(self, rows: Sequence[dict[str, Any]]) -> None:
@@ -154,7 +157,9 @@ class TaskRecorder:
         """Write the buffered rows in one write (the caller holds the task lock)."""
         self._prepare()
         if self._buffer:
-            journal.append_durably(self.path, journal.encode(self._buffer))
+            lines = journal.encoded_lines(self._buffer)
+            at = journal.append_durably(self.path, b"".join(lines))
+            self.index.note_written(self._buffer, lines, at)
             self._buffer.clear()
         self._first_unsaved = None
 

@@ -21,7 +21,8 @@ from pytest_evalreplay import planning, transcripts
 from pytest_evalreplay.context import RunContext
 from pytest_evalreplay.episodes import EpisodeRunner
 from pytest_evalreplay.generation import stream_into_journal
-from pytest_evalreplay.journal import FailRef, GenRef, JournalIndex, RolloutKey
+from pytest_evalreplay.journal import RolloutKey
+from pytest_evalreplay.journalindex import FailRef, GenRef, JournalIndex
 from pytest_evalreplay.metrics import TaskOutcome
 from pytest_evalreplay.model import Generation, Provider, RequestKey, RolloutResult
 from pytest_evalreplay.planning import Decisions, TaskPlan

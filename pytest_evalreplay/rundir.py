@@ -41,7 +41,7 @@ from pytest_evalreplay.files import (
     refuse_link,
     temporary_prefix,
 )
-from pytest_evalreplay.journal import GenRef, JournalIndex
+from pytest_evalreplay.journalindex import GenRef, JournalIndex
 from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome
 from pytest_evalreplay.model import EvalReplayError, Generation, RequestKey
 from pytest_evalreplay.runschema import (

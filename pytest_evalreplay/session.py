@@ -263,7 +263,7 @@ class EvalSession:
 def journal_provider(directory: Path, names: Sequence[str], ctx: RunContext) -> dict[str, Any]:
     """The provider identity that made the generations these tasks' journals
     hold, when it is one; else the session needs a provider chosen."""
-    from pytest_evalreplay.journal import JournalIndex
+    from pytest_evalreplay.journalindex import JournalIndex
     from pytest_evalreplay.providers import NO_PROVIDER
 
     found: dict[str, dict[str, Any]] = {}

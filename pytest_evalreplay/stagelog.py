@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_evalreplay.journal import JournalIndex, RolloutKey
+from pytest_evalreplay.journal import RolloutKey
+from pytest_evalreplay.journalindex import JournalIndex
 from pytest_evalreplay.metrics import item_outcome
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.planning import TaskPlan

@@ -14,7 +14,8 @@ from pytest_evalreplay.context import RunContext
 from pytest_evalreplay.execution import score_generation
 from pytest_evalreplay.gates import BaselineTask, PairedDrop
 from pytest_evalreplay.grader import Grading
-from pytest_evalreplay.journal import GenRef, RolloutKey, ScoreRef
+from pytest_evalreplay.journal import RolloutKey
+from pytest_evalreplay.journalindex import GenRef, ScoreRef
 from pytest_evalreplay.metrics import TaskOutcome, task_outcome
 from pytest_evalreplay.model import Generation, Provider, RolloutResult
 from pytest_evalreplay.planning import TaskPlan

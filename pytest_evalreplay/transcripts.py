@@ -113,7 +113,7 @@ def _turn_problem(row: Mapping[str, Any], turn: Any) -> str | None:
     sent_count, messages = turn["sent"], row.get("messages")
     total = len(messages) if isinstance(messages, list) else 0
     if type(sent_count) is not int or not 0 <= sent_count <= total:
-        return f"'sent' must count leading messages of the row's 'messages' (0 to {total}): {sent_count!r:.40}"
+        return f"'sent' must count the row's first 'messages' (0 to {total}), not {sent_count!r:.40}"
     return None
 
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_evalreplay import journal
-from pytest_evalreplay.journal import JournalIndex
+from pytest_evalreplay.journalindex import JournalIndex
 from pytest_evalreplay.model import EvalReplayError, Failure, Generation
 from pytest_evalreplay.stagelog import StageLog
 

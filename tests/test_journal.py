@@ -10,7 +10,7 @@ import pytest
 
 from pytest_evalreplay import journal
 from pytest_evalreplay.files import append_durably, atomic_write
-from pytest_evalreplay.journal import JournalIndex
+from pytest_evalreplay.journalindex import JournalIndex
 from pytest_evalreplay.model import EvalReplayError, Failure, Generation, digest
 
 
@@ -217,3 +217,55 @@ def test_concurrent_writers_never_interleave_rows(tmp_path):
         pool.map(_writer, [(tmp_path, n) for n in range(4)])
     index = JournalIndex.read(tmp_path, "t")
     assert len(index.gens) == 200
+
+
+def _state(index: JournalIndex) -> tuple:
+    fails = {k: [(f.failure, f.request, f.lineno) for f in v] for k, v in index.fails.items()}
+    return (
+        index.offset,
+        index.lineno,
+        index.rows,
+        index.gens,
+        index.scores,
+        fails,
+        index.requests,
+        index.providers,
+        index.stage_rows,
+    )
+
+
+def _mixed_rows(n: int) -> list[list[dict]]:
+    return [
+        [journal.provider_row(f"pv{n}", {"kind": "k", "model": "m", "args": ("a", 1)})],
+        [
+            journal.request_row(f"rq{n}", {"context": [{"role": "user", "content": "Q"}], "tools": ()}),
+            gen(rq=f"rq{n}"),
+        ],
+        [journal.score_row((1, "q0", 0), "r1", "r1", {"acc": 1}, None), fail(rollouts=(0, 1), rq=f"rq{n}")],
+        [{"type": "stage", "stage": 1, "plan": ("a",)}, gen(iid="q1", rq=f"rq{n}")],
+    ]
+
+
+def test_rows_a_recorder_writes_index_as_a_fresh_read_of_the_file_would(tmp_path):
+    from pytest_evalreplay.recorder import TaskRecorder
+
+    recorder = TaskRecorder(tmp_path, "t", "r1", reset=False)
+    for rows in _mixed_rows(1):
+        recorder.add(rows)
+    recorder._write()
+    fresh = JournalIndex.read(tmp_path, "t")
+    assert recorder.index.offset == journal.journal_path(tmp_path, "t").stat().st_size  # none read back
+    assert _state(recorder.index) == _state(fresh)
+
+
+def test_rows_another_process_wrote_in_between_are_read_before_this_ones(tmp_path):
+    from pytest_evalreplay.recorder import TaskRecorder
+
+    recorder = TaskRecorder(tmp_path, "t", "r1", reset=False)
+    recorder.add(_mixed_rows(1)[1])
+    append_durably(journal.journal_path(tmp_path, "t"), journal.encode(_mixed_rows(2)[1]))  # a peer's rows
+    recorder.add(_mixed_rows(3)[1])
+    assert "rq3" not in recorder.index.requests  # not indexed past the peer's rows unread
+    recorder.refresh()
+    assert _state(recorder.index) == _state(JournalIndex.read(tmp_path, "t"))
+    assert {"rq1", "rq2", "rq3"} <= set(recorder.index.requests)

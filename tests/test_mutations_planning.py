@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_evalreplay import journal, planning
-from pytest_evalreplay.journal import JournalIndex
+from pytest_evalreplay.journalindex import JournalIndex
 from pytest_evalreplay.model import Failure, Generation
 
 KEY = (1, "q0", 0)

@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from pytest_evalreplay import EvalReplayError, EvalTask, Generation, Request
-from pytest_evalreplay.journal import JournalIndex, journal_path
+from pytest_evalreplay.journal import journal_path
+from pytest_evalreplay.journalindex import JournalIndex
 from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome
 from pytest_evalreplay.providers.replay import ReplayProvider
 from pytest_evalreplay.rundir import write_task

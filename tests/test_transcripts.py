@@ -60,7 +60,7 @@ def test_a_turn_counting_messages_the_row_lacks_is_refused_naming_the_line(tmp_p
         orjson.dumps(_row([{"turn": 1, "sent": 1}])) + b"\n" + orjson.dumps(_row([{"turn": 1, "sent": sent}]))
     )
     with pytest.raises(
-        EvalReplayError, match=r"t-transcripts.jsonl:2: turn 1 'sent' must count leading messages"
+        EvalReplayError, match=r"t-transcripts.jsonl:2: turn 1 'sent' must count the row's first 'messages'"
     ):
         SavedEpisodes.read(path, "t")
 
