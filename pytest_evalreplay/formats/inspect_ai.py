@@ -38,7 +38,7 @@ import orjson
 from pytest_evalreplay.formats import chat
 from pytest_evalreplay.formats.saved import IndexBuilder, SavedRow, index_key, list_dir, malformed_at
 from pytest_evalreplay.model import Context, EvalReplayError, Generation
-from pytest_evalreplay.rowfields import described
+from pytest_evalreplay.rowfields import described, optional_string
 
 LAYOUT = "inspect-ai"
 SUFFIX = ".eval"
@@ -153,9 +153,7 @@ def _read(sample: dict[str, Any], where: str) -> tuple[Context, dict[str, Any]] 
     choice = output["choices"][0] if type(output["choices"]) is list else None
     if type(choice) is not dict:
         raise _bad(where, "output.choices", "a list of choice objects", output["choices"])
-    finish = choice.get("stop_reason")
-    if finish is not None and type(finish) is not str:
-        raise _bad(where, "output.choices[0].stop_reason", "a string or null", finish)
+    finish = optional_string(choice, "stop_reason", where, "output.choices[0]", _bad)
     usage = output.get("usage") or {}
     if type(usage) is not dict:
         raise _bad(where, "output.usage", "an object or null", usage)
