@@ -1,7 +1,8 @@
-"""The messages for a malformed saved row, shared by every reader of saved
-files (replay's formats, the run dir schema that compare reads with), so a
-bad field reads the same wherever it is met: file:line, the field by its path
-in the row, what it must be, what it holds, and the fix."""
+"""The checks of a saved row's fields and the messages for a malformed one,
+shared by every reader of saved files (replay's formats, the run dir schema
+that compare reads with), so a bad field reads the same wherever it is met:
+file:line, the field by its path in the row, what it must be, what it holds,
+and the fix."""
 
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ def optional_string(
     if value is None or type(value) is str:
         return value
     raise bad(where, f"{parent}.{key}" if parent else key, "a string or null", value)
+
+
+def token_count(value: Any, where: str, name: str, bad: BadField = bad_field) -> int | None:
+    """A token count field (`name`, its path in the row): a non-negative
+    integer, or null where the harness did not count."""
+    if value is None or (type(value) is int and value >= 0):
+        return value
+    raise bad(where, name, "a non-negative integer or null", value)
 
 
 def not_an_object(where: str, what: str, value: Any) -> EvalReplayError:

@@ -38,7 +38,7 @@ import orjson
 from pytest_evalreplay.formats import chat
 from pytest_evalreplay.formats.saved import IndexBuilder, SavedRow, index_key, list_dir, malformed_at
 from pytest_evalreplay.model import Context, EvalReplayError, Generation
-from pytest_evalreplay.rowfields import described, optional_string
+from pytest_evalreplay.rowfields import described, optional_string, token_count
 
 LAYOUT = "inspect-ai"
 SUFFIX = ".eval"
@@ -162,8 +162,8 @@ def _read(sample: dict[str, Any], where: str) -> tuple[Context, dict[str, Any]] 
         "epoch": epoch,
         "text": text,
         "finish": finish,
-        "pt": _tokens(usage.get("input_tokens"), where, "output.usage.input_tokens"),
-        "ct": _tokens(usage.get("output_tokens"), where, "output.usage.output_tokens"),
+        "pt": token_count(usage.get("input_tokens"), where, "output.usage.input_tokens", _bad),
+        "ct": token_count(usage.get("output_tokens"), where, "output.usage.output_tokens", _bad),
     }
     return context, blob
 
@@ -296,12 +296,6 @@ def _bad(where: str, name: str, expected: str, value: Any) -> EvalReplayError:
 
 def _not_object(where: str, what: str, value: Any) -> EvalReplayError:
     return _bad(where, what, "a JSON object", value)
-
-
-def _tokens(value: Any, where: str, name: str) -> int | None:
-    if value is None or (type(value) is int and value >= 0):
-        return value
-    raise _bad(where, name, "a non-negative integer or null", value)
 
 
 def identify(blob: bytes) -> tuple[int, str] | None:

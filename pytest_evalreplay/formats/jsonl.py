@@ -14,7 +14,7 @@ import orjson
 
 from pytest_evalreplay.files import os_error, read_bytes
 from pytest_evalreplay.model import EvalReplayError, Generation, loglikelihoods_problem
-from pytest_evalreplay.rowfields import bad_field, not_an_object, optional_string
+from pytest_evalreplay.rowfields import bad_field, not_an_object, optional_string, token_count
 
 BOM = b"\xef\xbb\xbf"
 
@@ -150,12 +150,6 @@ def generation_from_row(row: Any, where: str, index: int) -> Generation:
         metadata=metadata or {},
         loglikelihoods=tuple((float(ll), greedy) for ll, greedy in pairs or ()),
     )
-
-
-def token_count(value: Any, where: str, name: str) -> int | None:
-    if value is None or (type(value) is int and value >= 0):
-        return value
-    raise bad_field(where, name, "a non-negative integer or null", value)
 
 
 def instance_id(value: Any, where: str, name: str = "instance_id") -> str:
