@@ -1,10 +1,12 @@
-"""The messages for a malformed saved row, shared by every reader of saved
-files (replay's formats, the run dir schema that compare reads with), so a
-bad field reads the same wherever it is met: file:line, the field by its path
-in the row, what it must be, what it holds, and the fix."""
+"""The checks of a saved row's fields and the messages for a malformed one,
+shared by every reader of saved files (replay's formats, the run dir schema
+that compare reads with), so a bad field reads the same wherever it is met:
+file:line, the field by its path in the row, what it must be, what it holds,
+and the fix."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pytest_evalreplay.model import EvalReplayError, show, type_name
@@ -15,6 +17,31 @@ def bad_field(where: str, name: str, expected: str, value: Any) -> EvalReplayErr
     return EvalReplayError(
         f"{where}: {name!r} must be {expected}, got {described(value)}; fix or delete that line"
     )
+
+
+# How a reader reports a field of the wrong type: `bad_field`, or a reader's
+# own with the same arguments (inspect_ai's, whose rows are zip members).
+BadField = Callable[[str, str, str, Any], EvalReplayError]
+
+
+def optional_string(
+    row: Mapping[str, Any], key: str, where: str, parent: str = "", bad: BadField = bad_field
+) -> str | None:
+    """`row[key]`, which may be a string, null or absent; anything else is
+    `bad`'s error naming the field by its path (`parent.key`, or `key` at the
+    top of the row)."""
+    value = row.get(key)
+    if value is None or type(value) is str:
+        return value
+    raise bad(where, f"{parent}.{key}" if parent else key, "a string or null", value)
+
+
+def token_count(value: Any, where: str, name: str, bad: BadField = bad_field) -> int | None:
+    """A token count field (`name`, its path in the row): a non-negative
+    integer, or null where the harness did not count."""
+    if value is None or (type(value) is int and value >= 0):
+        return value
+    raise bad(where, name, "a non-negative integer or null", value)
 
 
 def not_an_object(where: str, what: str, value: Any) -> EvalReplayError:

@@ -19,7 +19,7 @@ import orjson
 
 from pytest_evalreplay.files import read_bytes
 from pytest_evalreplay.model import TASK_NAME, EvalReplayError, Request, request_content, show
-from pytest_evalreplay.rowfields import bad_field, not_an_object
+from pytest_evalreplay.rowfields import bad_field, not_an_object, optional_string
 
 FORMAT = "evalreplay/1"
 MANIFEST = "manifest.json"
@@ -145,9 +145,7 @@ def read_manifest(path: Path) -> Manifest | None:
             f"{path}: run dir format {show(fmt)}, and this version of pytest-evalreplay reads "
             f"{FORMAT!r}: read it with the version that wrote it, or upgrade"
         )
-    model = doc.get("model")
-    if model is not None and type(model) is not str:
-        raise bad_field(str(path), "model", "a string or null", model)
+    model = optional_string(doc, "model", str(path))
     tasks = doc.get("tasks")
     if tasks is not None and (
         type(tasks) is not list or not all(type(t) is str and TASK_NAME.fullmatch(t) for t in tasks)
@@ -195,9 +193,7 @@ def request_fields(row: Any, where: str) -> RequestFields:
     context = row["context"]
     if type(context) is not str and type(context) is not list:
         raise bad_field(where, "context", "a string or a list of chat messages", context)
-    system = row.get("system_prompt")
-    if system is not None and type(system) is not str:
-        raise bad_field(where, "system_prompt", "a string or null", system)
+    system = optional_string(row, "system_prompt", where)
     extras = False
     for name in ("images", "tools"):
         value = row.get(name)
@@ -241,9 +237,7 @@ def prediction_fields(row: Any, where: str) -> PredictionFields:
     generations = row["generations"]
     if type(generations) is not list:
         raise bad_field(where, "generations", "a list", generations)
-    model = row.get("model")
-    if model is not None and type(model) is not str:
-        raise bad_field(where, "model", "a string or null", model)
+    model = optional_string(row, "model", where)
     return PredictionFields(iid, stage_of(row, where), model, generations)
 
 

@@ -23,8 +23,11 @@ import pytest_evalreplay.items  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from http_stub import STUB_MODEL, StubServer
 from llm_fixtures import ENGINE_ARGS, build_tiny_llama
 from unreadable import Unreadable
+
+from pytest_evalreplay.providers.openai import API_KEY_ENV
 
 
 def _need_vllm() -> None:
@@ -71,3 +74,18 @@ def unreadable(monkeypatch: pytest.MonkeyPatch) -> Iterator[Unreadable]:
     made = Unreadable(monkeypatch)
     yield made
     made.restore()
+
+
+@pytest.fixture
+def no_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No API key in the environment, so the openai provider sends only the
+    key a test gives it (a module of provider tests uses it for every test)."""
+    for name in API_KEY_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def stub() -> Iterator[StubServer]:
+    """An in-process OpenAI-compatible stub server (tests/http_stub.py) serving `STUB_MODEL`."""
+    with StubServer(STUB_MODEL) as server:
+        yield server

@@ -51,6 +51,8 @@ from typing import Any
 import orjson
 from stub_logprobs import echo_completion
 
+STUB_MODEL = "stub-model"  # the name the stub serves unless told another
+
 PROMPT_TOKENS = 5
 COMPLETION_TOKENS = 10
 # How often a waiting handler looks at its client's socket and the stub's state.
@@ -248,7 +250,7 @@ class StubServer:
 
     def __init__(
         self,
-        model: str | Sequence[str] = "stub-model",
+        model: str | Sequence[str] = STUB_MODEL,
         *,
         delay: float = 0.0,
         host: str = "127.0.0.1",
@@ -530,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="OpenAI-compatible stub server for tests")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: any free port (printed on stdout)")
-    parser.add_argument("--model", default="stub-model", help="the name GET /v1/models lists")
+    parser.add_argument("--model", default=STUB_MODEL, help="the name GET /v1/models lists")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
     parser.add_argument("--log", type=Path, default=None, help="append one JSON line per answered request")
     args = parser.parse_args(argv)

@@ -120,3 +120,15 @@ def make_request(
         sampling=sampling,
         rollouts=rollouts,
     )
+
+
+def ll_request(context: Any, continuations: tuple[str, ...], iid: str = "q0", **fields: Any) -> Request:
+    """A loglikelihood request of task "t": `context` scored with each of `continuations`."""
+    return Request(
+        task="t",
+        instance_id=iid,
+        context=context,
+        request_type="loglikelihood",
+        continuations=continuations,
+        **fields,
+    )

@@ -12,6 +12,7 @@ import zipfile
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_fuzz_readers import (
@@ -29,6 +30,7 @@ from test_fuzz_readers import (
 )
 
 from pytest_evalreplay.formats import inspect_ai, lm_eval, olmo_eval
+from pytest_evalreplay.model import EvalReplayError
 
 _LM_CHOICE = {
     "doc_id": 0,
@@ -222,19 +224,50 @@ def test_inspect_eval_logs(logs: list[bytes]) -> None:
         check_call(lambda: inspect_ai.instances(root / "log0.eval"), root)
 
 
-def test_a_valid_inspect_sample_survives_the_strategy() -> None:
-    """The strategy's shapes are the reader's: an unedited sample loads."""
-    sample = {
+def _inspect_log(**output: Any) -> bytes:
+    """A one-sample `.eval` log, valid but for what `output` changes."""
+    sample: dict[str, Any] = {
         "id": "a",
         "epoch": 1,
         "input": "Q",
         "target": "A",
         "messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}],
-        "output": {"completion": "A", "choices": [{"stop_reason": "stop"}]},
+        "output": {"completion": "A", "choices": [{"stop_reason": "stop"}], **output},
     }
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         archive.writestr("samples/a_epoch_1.json", orjson.dumps(sample))
+    return buffer.getvalue()
+
+
+def test_a_valid_inspect_sample_survives_the_strategy() -> None:
+    """The strategy's shapes are the reader's: an unedited sample loads."""
     with directory() as root:
-        (root / "log.eval").write_bytes(buffer.getvalue())
+        (root / "log.eval").write_bytes(_inspect_log())
         assert [i["id"] for i in inspect_ai.instances(root / "log.eval")] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        (
+            {"choices": [{"stop_reason": 7}]},
+            "'output.choices[0].stop_reason' must be a string or null, got a number (7)",
+        ),
+        (
+            {"usage": {"input_tokens": -1}},
+            "'output.usage.input_tokens' must be a non-negative integer or null, got a number (-1)",
+        ),
+    ],
+)
+def test_an_inspect_field_of_the_wrong_type_names_the_member(output: dict[str, Any], expected: str) -> None:
+    """A sample's bad field reads as `rowfields.bad_field`'s message, with a
+    zip member's advice in place of a line's."""
+    with directory() as root:
+        (root / "log.eval").write_bytes(_inspect_log(**output))
+        with pytest.raises(EvalReplayError) as info:
+            inspect_ai.instances(root / "log.eval")
+    assert str(info.value) == (
+        f"{root / 'log.eval'}:samples/a_epoch_1.json: {expected}; this member of the .eval log is "
+        "damaged (written by hand?): write the log again with inspect_ai, or delete the member"
+    )

@@ -8,12 +8,11 @@ called directly; the rest runs against tests/http_stub.py on 127.0.0.1.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
-from http_stub import Action, Fail, StubServer
+from http_stub import STUB_MODEL, Action, Fail, StubServer
 from llm_fixtures import make_request
 
 from pytest_evalreplay.model import EvalReplayError, Generation, GenerationError
@@ -25,20 +24,8 @@ from pytest_evalreplay.providers.openai_breaker import Breaker
 from pytest_evalreplay.providers.openai_wire import CallFailure, parse_generations
 from pytest_evalreplay.settings import Settings
 
-STUB_MODEL = "stub-model"
 req = make_request
-
-
-@pytest.fixture(autouse=True)
-def _no_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in openai_mod.API_KEY_ENV:
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def stub() -> Iterator[StubServer]:
-    with StubServer(STUB_MODEL) as server:
-        yield server
+pytestmark = pytest.mark.usefixtures("no_api_key")
 
 
 def make(stub: StubServer, **kwargs: Any) -> OpenAIProvider:

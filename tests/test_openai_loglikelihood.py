@@ -5,31 +5,20 @@ against the real server and transformers is in test_vllm_loglikelihood.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from http_stub import Action, Fail, Hang, StubServer, completion
+from http_stub import STUB_MODEL, Action, Fail, Hang, StubServer, completion
+from llm_fixtures import ll_request
 from stub_logprobs import is_top, token_logprob, tokenize
 
 from pytest_evalreplay.model import GenerationError, Request
-from pytest_evalreplay.providers import openai as openai_mod
 from pytest_evalreplay.providers.openai import OpenAIProvider
 from pytest_evalreplay.providers.openai_wire import Echoed, parse_echoes
 
-MODEL = "stub-model"
-
-
-def ll_request(context: Any, continuations: tuple[str, ...], iid: str = "q0", **fields: Any) -> Request:
-    return Request(
-        task="t",
-        instance_id=iid,
-        context=context,
-        request_type="loglikelihood",
-        continuations=continuations,
-        **fields,
-    )
+pytestmark = pytest.mark.usefixtures("no_api_key")
 
 
 def expected(context: str, continuation: str) -> tuple[float, bool]:
@@ -44,22 +33,10 @@ def expected(context: str, continuation: str) -> tuple[float, bool]:
     )
 
 
-@pytest.fixture(autouse=True)
-def _no_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in openai_mod.API_KEY_ENV:
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def stub() -> Iterator[StubServer]:
-    with StubServer(MODEL) as server:
-        yield server
-
-
 def make(*stubs: StubServer, **kwargs: Any) -> OpenAIProvider:
     kwargs = {"retries": 2, "backoff": 0.01, "timeout": 30.0, **kwargs}
     urls = [s.url for s in stubs]
-    return OpenAIProvider(urls[0] if len(urls) == 1 else urls, MODEL, **kwargs)
+    return OpenAIProvider(urls[0] if len(urls) == 1 else urls, STUB_MODEL, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -109,7 +86,7 @@ def test_one_echo_call_per_request(stub: StubServer) -> None:
     assert path == "/v1/completions"
     context = "Be brief.\n\nSay:"
     assert body == {
-        "model": MODEL,
+        "model": STUB_MODEL,
         "prompt": [context, context + " yes", context + " no"],
         "echo": True,
         "logprobs": 1,
@@ -142,7 +119,7 @@ def test_a_timeout_is_a_retryable_failure(stub: StubServer) -> None:
 
 
 def test_several_servers_share_the_calls(stub: StubServer) -> None:
-    with StubServer(MODEL) as other, make(stub, other, concurrency=4) as provider:
+    with StubServer(STUB_MODEL) as other, make(stub, other, concurrency=4) as provider:
         requests = [ll_request(f"Question {i}:", (" a", " b"), iid=f"q{i}") for i in range(12)]
         results = provider.loglikelihood(requests)
         assert stub.received and other.received and stub.received + other.received == 12

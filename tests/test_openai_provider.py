@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import orjson
 import pytest
-from http_stub import ANSWER, Action, Drop, Fail, Hang, StubServer, Trickle
+from http_stub import ANSWER, STUB_MODEL, Action, Drop, Fail, Hang, StubServer, Trickle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llm_fixtures import make_request
@@ -39,8 +39,8 @@ from pytest_evalreplay.providers.openai_balancer import Balancer
 from pytest_evalreplay.settings import Settings
 
 req = make_request
+pytestmark = pytest.mark.usefixtures("no_api_key")
 T = TypeVar("T")
-STUB_MODEL = "stub-model"
 
 
 def ok(result: Any) -> list[Generation]:
@@ -79,18 +79,6 @@ def finishes(fn: Callable[[], T], limit: float = 120.0) -> T:
     if kind == "error":
         raise value
     return value
-
-
-@pytest.fixture(autouse=True)
-def _no_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in openai_mod.API_KEY_ENV:
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def stub() -> Iterator[StubServer]:
-    with StubServer(STUB_MODEL) as server:
-        yield server
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import test_openai_provider
+from llm_fixtures import ll_request
 
 from pytest_evalreplay.model import GenerationError, Request
 from pytest_evalreplay.providers.loglikelihood_requests import split_pairs
@@ -27,17 +28,6 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
 
 # `vllm serve` on the tiny model, for the slow test (started only if it runs).
 vllm_server = test_openai_provider.vllm_server
-
-
-def ll_request(context: Any, continuations: tuple[str, ...], iid: str = "q0", **fields: Any) -> Request:
-    return Request(
-        task="t",
-        instance_id=iid,
-        context=context,
-        request_type="loglikelihood",
-        continuations=continuations,
-        **fields,
-    )
 
 
 @pytest.fixture(scope="module")

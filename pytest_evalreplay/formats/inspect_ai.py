@@ -38,7 +38,7 @@ import orjson
 from pytest_evalreplay.formats import chat
 from pytest_evalreplay.formats.saved import IndexBuilder, SavedRow, index_key, list_dir, malformed_at
 from pytest_evalreplay.model import Context, EvalReplayError, Generation
-from pytest_evalreplay.rowfields import described
+from pytest_evalreplay.rowfields import described, optional_string, token_count
 
 LAYOUT = "inspect-ai"
 SUFFIX = ".eval"
@@ -153,9 +153,7 @@ def _read(sample: dict[str, Any], where: str) -> tuple[Context, dict[str, Any]] 
     choice = output["choices"][0] if type(output["choices"]) is list else None
     if type(choice) is not dict:
         raise _bad(where, "output.choices", "a list of choice objects", output["choices"])
-    finish = choice.get("stop_reason")
-    if finish is not None and type(finish) is not str:
-        raise _bad(where, "output.choices[0].stop_reason", "a string or null", finish)
+    finish = optional_string(choice, "stop_reason", where, "output.choices[0]", _bad)
     usage = output.get("usage") or {}
     if type(usage) is not dict:
         raise _bad(where, "output.usage", "an object or null", usage)
@@ -164,8 +162,8 @@ def _read(sample: dict[str, Any], where: str) -> tuple[Context, dict[str, Any]] 
         "epoch": epoch,
         "text": text,
         "finish": finish,
-        "pt": _tokens(usage.get("input_tokens"), where, "output.usage.input_tokens"),
-        "ct": _tokens(usage.get("output_tokens"), where, "output.usage.output_tokens"),
+        "pt": token_count(usage.get("input_tokens"), where, "output.usage.input_tokens", _bad),
+        "ct": token_count(usage.get("output_tokens"), where, "output.usage.output_tokens", _bad),
     }
     return context, blob
 
@@ -298,12 +296,6 @@ def _bad(where: str, name: str, expected: str, value: Any) -> EvalReplayError:
 
 def _not_object(where: str, what: str, value: Any) -> EvalReplayError:
     return _bad(where, what, "a JSON object", value)
-
-
-def _tokens(value: Any, where: str, name: str) -> int | None:
-    if value is None or (type(value) is int and value >= 0):
-        return value
-    raise _bad(where, name, "a non-negative integer or null", value)
 
 
 def identify(blob: bytes) -> tuple[int, str] | None:

@@ -14,7 +14,7 @@ import orjson
 
 from pytest_evalreplay.files import os_error, read_bytes
 from pytest_evalreplay.model import EvalReplayError, Generation, loglikelihoods_problem
-from pytest_evalreplay.rowfields import bad_field, not_an_object
+from pytest_evalreplay.rowfields import bad_field, not_an_object, optional_string, token_count
 
 BOM = b"\xef\xbb\xbf"
 
@@ -131,12 +131,8 @@ def generation_from_row(row: Any, where: str, index: int) -> Generation:
     text = row.get("text")
     if type(text) is not str:
         raise bad_field(where, f"{name}.text", "a string", text)
-    original = row.get("original_text")
-    if original is not None and type(original) is not str:
-        raise bad_field(where, f"{name}.original_text", "a string or null", original)
-    finish = row.get("finish_reason")
-    if finish is not None and type(finish) is not str:
-        raise bad_field(where, f"{name}.finish_reason", "a string or null", finish)
+    original = optional_string(row, "original_text", where, name)
+    finish = optional_string(row, "finish_reason", where, name)
     metadata = row.get("metadata")
     if metadata is not None and type(metadata) is not dict:
         raise bad_field(where, f"{name}.metadata", "an object or null", metadata)
@@ -154,12 +150,6 @@ def generation_from_row(row: Any, where: str, index: int) -> Generation:
         metadata=metadata or {},
         loglikelihoods=tuple((float(ll), greedy) for ll, greedy in pairs or ()),
     )
-
-
-def token_count(value: Any, where: str, name: str) -> int | None:
-    if value is None or (type(value) is int and value >= 0):
-        return value
-    raise bad_field(where, name, "a non-negative integer or null", value)
 
 
 def instance_id(value: Any, where: str, name: str = "instance_id") -> str:

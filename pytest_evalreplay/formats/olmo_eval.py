@@ -69,6 +69,7 @@ from pytest_evalreplay.formats.saved import (
     token_count,
 )
 from pytest_evalreplay.model import EvalReplayError, Generation, show
+from pytest_evalreplay.rowfields import optional_string
 
 PREDICTIONS_SUFFIX = "-predictions.jsonl"
 REQUESTS_SUFFIX = "-requests.jsonl"
@@ -274,9 +275,7 @@ def _key(request: dict[str, Any], where: str) -> IndexKey:
     context = request.get("context")
     if type(context) is not str and type(context) is not list:
         raise bad_field(where, "request.context", "a string or a list of chat messages", context)
-    system = request.get("system_prompt")
-    if system is not None and type(system) is not str:
-        raise bad_field(where, "request.system_prompt", "a string or null", system)
+    system = optional_string(request, "system_prompt", where, "request")
     try:
         return index_key(context, system)
     except TypeError as exc:
@@ -403,12 +402,8 @@ def _generation(out: Any, where: str, index: int) -> Generation:
         text = out.get("continuation")
     if type(text) is not str:
         raise bad_field(where, f"{name}.text", "a string (or 'continuation', oe-eval's name)", text)
-    original = out.get("original_text")
-    if original is not None and type(original) is not str:
-        raise bad_field(where, f"{name}.original_text", "a string or null", original)
-    finish = out.get("finish_reason")
-    if finish is not None and type(finish) is not str:
-        raise bad_field(where, f"{name}.finish_reason", "a string or null", finish)
+    original = optional_string(out, "original_text", where, name)
+    finish = optional_string(out, "finish_reason", where, name)
     return Generation(
         text=text,
         original_text=original,

@@ -42,12 +42,11 @@ from pytest_evalreplay.formats.jsonl import (
     require_file,
     rows_of,
     split_lines,
-    token_count,
 )
 from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, show
-from pytest_evalreplay.rowfields import bad_field, not_an_object
+from pytest_evalreplay.rowfields import bad_field, not_an_object, token_count
 
-# The readers' shared helpers live in `formats.jsonl`; they are named here too,
+# The readers' shared helpers live in `formats.jsonl` and `rowfields`; they are named here too,
 # where the readers have always imported them from.
 __all__ = [
     "BOM",
