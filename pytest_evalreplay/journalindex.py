@@ -190,24 +190,12 @@ class JournalIndex:
             )
         seq = self.rows
         if kind == "gen":
-            key = self._one(_key(row, where, "rollout"))
+            key = _key(row, where, "rollout")
             generation = row.get("generation")
             if not isinstance(generation, dict) or not isinstance(generation.get("text"), str):
                 raise EvalReplayError(f"{where}: a gen row needs a 'generation' object with a 'text'")
-            ptok, ctok = generation.get("prompt_tokens"), generation.get("completion_tokens")
-            self.gens.setdefault(key, []).append(
-                GenRef(
-                    request=self._one(_str_field(row, "request", where)),
-                    provider=self._one(_str_field(row, "provider", where)),
-                    run=self._one(_str_field(row, "run", where)),
-                    offset=offset,
-                    length=length,
-                    lineno=self.lineno,
-                    seq=seq,
-                    prompt_tokens=ptok if type(ptok) is int else None,
-                    completion_tokens=ctok if type(ctok) is int else None,
-                )
-            )
+            request, provider, run = (_str_field(row, name, where) for name in ("request", "provider", "run"))
+            self._add_gen(key, request, provider, run, generation, offset, length)
         elif kind == "score":
             key = self._one(_key(row, where, "rollout"))
             of = _str_field(row, "of", where)
@@ -260,6 +248,31 @@ class JournalIndex:
         else:
             raise EvalReplayError(f"{where}: unknown journal row type {kind!r}")
 
+    def _add_gen(
+        self,
+        key: RolloutKey,
+        request: str,
+        provider: str,
+        run: str,
+        generation: Mapping[str, Any],
+        offset: int,
+        length: int,
+    ) -> None:
+        ptok, ctok = generation.get("prompt_tokens"), generation.get("completion_tokens")
+        self.gens.setdefault(self._one(key), []).append(
+            GenRef(
+                request=self._one(request),
+                provider=self._one(provider),
+                run=self._one(run),
+                offset=offset,
+                length=length,
+                lineno=self.lineno,
+                seq=self.rows,
+                prompt_tokens=ptok if type(ptok) is int else None,
+                completion_tokens=ctok if type(ctok) is int else None,
+            )
+        )
+
     def note_written(
         self,
         rows: Sequence[Mapping[str, Any]],
@@ -269,15 +282,25 @@ class JournalIndex:
         """Index rows this process just appended as `lines` (`at`: where, in
         which file) without reading the file back, when this index had read
         exactly up to there (no other writer came between). Request and gen
-        rows, the large ones, index as built (they hold JSON's own types, so
-        as their lines would); the others parse their own line."""
+        rows, the large ones, index as built (the writer made them, so they
+        need no checks); the others parse their own line."""
         start, file_id = at
         if start != self.offset or file_id != self.file_id or self.header is None:
             return
         for row, line in zip(rows, lines, strict=True):
             self.lineno += 1
-            kept = row if row["type"] in ("request", "gen") else orjson.loads(line)
-            self._apply(kept, f"{self.path}:{self.lineno}", self.offset, len(line) - 1)
+            kind, length = row["type"], len(line) - 1
+            if kind == "request":
+                self.rows += 1
+                self.requests.setdefault(self._one(row["digest"]), (self.offset, length))
+            elif kind == "gen":
+                self.rows += 1
+                key = (row["stage"], row["instance_id"], row["rollout"])
+                self._add_gen(
+                    key, row["request"], row["provider"], row["run"], row["generation"], self.offset, length
+                )
+            else:
+                self._apply(orjson.loads(line), f"{self.path}:{self.lineno}", self.offset, length)
             self.offset += len(line)
             self.torn = None
 
