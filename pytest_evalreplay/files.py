@@ -326,6 +326,7 @@ class AppendFile:
         self.path = path
         self._fd: int | None = None
         self._id: tuple[int, int] | None = None
+        self._end = -1  # where this process's last write ended: the tail there is a whole line
         self._dirty = False
         self._mutex = threading.Lock()  # the fd against the syncer thread
 
@@ -351,12 +352,14 @@ class AppendFile:
             return -1, None
         try:
             fd = self._current_fd()
-            start = _cut_torn_tail(fd, os.lseek(fd, 0, os.SEEK_END))
+            end = os.lseek(fd, 0, os.SEEK_END)
+            start = end if end == self._end else _cut_torn_tail(fd, end)
             view = memoryview(blob)
             while view:
                 view = view[os.write(fd, view) :]
         except OSError as exc:
             raise os_error(self.path, exc, "append to") from None
+        self._end = start + len(blob)
         with self._mutex:
             first = not self._dirty
             self._dirty = True
@@ -384,7 +387,7 @@ class AppendFile:
 
     def _close(self) -> None:
         with self._mutex:
-            fd, self._fd, self._id = self._fd, None, None
+            fd, self._fd, self._id, self._end = self._fd, None, None, -1
             dirty, self._dirty = self._dirty, False
         if fd is not None:
             try:

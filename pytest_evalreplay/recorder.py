@@ -66,13 +66,12 @@ class TaskRecorder:
 
     # -- locks -----------------------------------------------------------------
 
-    @contextmanager
-    def locked(self) -> Iterator[None]:
-        """The task lock: held briefly by every write, refresh-before-decide and finalize."""
+    def locked(self) -> NoFollowLock:
+        """The task lock (`with recorder.locked():`): held briefly by every
+        write, refresh-before-decide and finalize."""
         if self._lock is None:
             self._lock = journal.task_lock(self.directory, self.task)
-        with self._lock:
-            yield
+        return self._lock
 
     @contextmanager
     def chunk_locked(self, chunk: int | str) -> Iterator[None]:

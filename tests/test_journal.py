@@ -269,3 +269,13 @@ def test_rows_another_process_wrote_in_between_are_read_before_this_ones(tmp_pat
     recorder.refresh()
     assert _state(recorder.index) == _state(JournalIndex.read(tmp_path, "t"))
     assert {"rq1", "rq2", "rq3"} <= set(recorder.index.requests)
+
+
+def test_a_torn_line_another_writer_left_after_this_process_wrote_is_cut(tmp_path):
+    path = write(tmp_path, [])
+    journal.append_durably(path, journal.encode([gen()]))
+    with open(path, "ab") as peer:  # a peer killed mid-write, after this process's last write
+        peer.write(b'{"type": "gen", "stage": 1, "inst')
+    journal.append_durably(path, journal.encode([gen(iid="q1")]))
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    assert [r.get("instance_id") for r in rows] == [None, "q0", "q1"]
