@@ -107,7 +107,7 @@ def append(path, blob):
             with open(path, "ab") as fh:
                 fh.write(blob[: len(blob) // 2])
         die()
-    _append(path, blob)
+    return _append(path, blob)
 
 journal.append_durably = append
 

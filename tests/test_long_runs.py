@@ -321,10 +321,11 @@ def test_vllm_killed_mid_batch_resumes_generating_only_what_was_not_journaled(tm
         "_append, calls = journal.append_durably, 0\n"
         "def append(path, blob):\n"
         "    global calls\n"
-        "    _append(path, blob)\n"
+        "    at = _append(path, blob)\n"
         "    calls += 1\n"
         "    if calls == int(os.environ.get('KILL_AT_APPEND', '0')):\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return at\n"
         "journal.append_durably = append\n"
     )
     (tmp_path / "test_evals.py").write_text(
