@@ -49,8 +49,8 @@ def stream_into_journal(
     provider's digest and identity; `digest_of` names each request's content
     (a task passes the digests it rendered at collection) and `content_of`
     what its request row holds (an agent's turn: what it added to the turn
-    before); `on_answer` sees
-    each generation once its row is written, `on_failure` each final failure.
+    before); `on_answer` sees each generation once its row is written,
+    `on_failure` each final failure.
     `settle=False` leaves the end's fsync and index catch-up to the caller
     (an agent's turn batches: every row is already written, and fsynced
     within `files.SYNC_SECONDS`; the episode runner settles once at its end)."""
