@@ -8,6 +8,8 @@ line (orjson), each row typed:
 - `provider`: a provider identity (`kind`, `model`, ...) and its digest.
 - `request`: a request's content (context, system prompt, request type,
   sampling, images, tools) and its digest. Written once per distinct content.
+  An agent turn's holds what the turn added (`after`, `added`: agents.md);
+  its digest is still over the whole request.
 - `gen`: one generated rollout: `stage`, `instance_id`, `rollout`, the
   digests of the `request` it answered and the `provider` that made it, the
   `run`, and the `generation`.
