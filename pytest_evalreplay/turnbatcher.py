@@ -125,7 +125,10 @@ class TurnBatcher:
                 self._busy = False
                 batch = self._take(full=True)
                 if batch is None and self._pending:
-                    self._watch()  # the timer sends them when their window ends
+                    # Their window starts now, as the episodes just answered come back with
+                    # their next turns: else turns that waited out a long batch go alone.
+                    self._first_at = time.monotonic()
+                    self._watch()
 
     def _watch(self) -> None:
         """Have the timer look at the pending turns (call under the condition)."""

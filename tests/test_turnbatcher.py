@@ -144,3 +144,22 @@ def test_close_fails_the_turns_still_waiting(no_window):
     assert [str(e) for e in got] == ["the session is stopping"] and provider.batches == []
     with pytest.raises(TurnFailed, match="stopping"):
         batcher.ask(request(1))
+
+
+def test_turns_that_came_during_a_long_batch_wait_for_the_episodes_it_answered(monkeypatch):
+    monkeypatch.setattr(turnbatcher, "WINDOW", 0.3)
+    provider = Recording()
+    slow = {"first": True}
+
+    def generate(requests: list[Request]) -> list[Generation]:
+        if slow.pop("first", False):
+            time.sleep(1.0)  # e2 asks meanwhile, then waits: its window must not have run out
+        return provider(requests)
+
+    batcher = TurnBatcher(generate)
+    batcher.expect(3, 3)
+    # e0 and e1 ask at once (their batch goes when the window ends, e2 being in a tool), e2 asks
+    # while that batch is generated, then e0 and e1 come back with their second turns.
+    answers = episodes(batcher, 3, turns=2, before_turn=0.2)
+    assert all(len(a) == 2 for a in answers.values())
+    assert [sorted(ids) for ids, _ in provider.batches][:2] == [["e0", "e1"], ["e0", "e1", "e2"]]
