@@ -408,7 +408,7 @@ def test_oe_eval_one_requests_row_per_choice(tmp_path: Path) -> None:
 # -- inspect_ai: shapes the fixture does not show --------------------------------
 
 
-def eval_log(path: Path, samples: list[dict[str, Any]], model: str = "m") -> Path:
+def eval_log(path: Path, samples: list[dict[str, Any]], model: Any = "m") -> Path:
     """A `.eval` archive as inspect_ai writes it (deflate, as versions before 0.3.2xx did)."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("_journal/start.json", orjson.dumps({"eval": {"model": model}}))
@@ -487,6 +487,13 @@ def test_inspect_text_parts_stay_parts(tmp_path: Path) -> None:
     )
     key = orjson.dumps([{"role": "user", "content": parts}], option=orjson.OPT_SORT_KEYS)
     assert [r.generations[0].text for r in load(log).rows((key, None))] == ["x"]
+
+
+def test_inspect_log_model_may_be_null_and_else_must_be_a_string(tmp_path: Path) -> None:
+    assert load(eval_log(tmp_path / "none.eval", [sample("a", "x")], model=None)).model is None
+    log = eval_log(tmp_path / "seven.eval", [sample("a", "x")], model=7)
+    with pytest.raises(EvalReplayError, match=r"'eval.model' must be a string or null, got a number"):
+        load(log)
 
 
 def test_inspect_logs_of_two_models_in_one_dir_are_refused(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def _model(path: Path, archive: zipfile.ZipFile) -> str | None:
             ev = doc.get("eval") if type(doc) is dict else None
             model = ev.get("model") if type(ev) is dict else None
             if model is not None and type(model) is not str:
-                raise _bad(f"{path}:{name}", "eval.model", "a string", model)
+                raise _bad(f"{path}:{name}", "eval.model", "a string or null", model)
             return model
     return None
 
