@@ -13,7 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from http_stub import STUB_MODEL, StubServer
+
 from pytest_evalreplay.model import Request
+from pytest_evalreplay.providers.openai import OpenAIProvider
 
 # Engine arguments that work for this model on a CPU-only vLLM build
 # (see docs/providers.md): fp32, a short context, no graph capture, and a
@@ -132,3 +135,10 @@ def ll_request(context: Any, continuations: tuple[str, ...], iid: str = "q0", **
         continuations=continuations,
         **fields,
     )
+
+
+def stub_provider(*stubs: StubServer, **kwargs: Any) -> OpenAIProvider:
+    """An openai provider over HTTP stubs: fast retries, and a timeout no passing test reaches."""
+    kwargs = {"retries": 2, "backoff": 0.01, "timeout": 30.0, **kwargs}
+    urls = [s.url for s in stubs]
+    return OpenAIProvider(urls[0] if len(urls) == 1 else urls, STUB_MODEL, **kwargs)

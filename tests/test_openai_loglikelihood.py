@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 from http_stub import STUB_MODEL, Action, Fail, Hang, StubServer, completion
-from llm_fixtures import ll_request
+from llm_fixtures import ll_request, stub_provider
 from stub_logprobs import is_top, token_logprob, tokenize
 
 from pytest_evalreplay.model import GenerationError, Request
-from pytest_evalreplay.providers.openai import OpenAIProvider
 from pytest_evalreplay.providers.openai_wire import Echoed, parse_echoes
 
 pytestmark = pytest.mark.usefixtures("no_api_key")
@@ -31,12 +30,6 @@ def expected(context: str, continuation: str) -> tuple[float, bool]:
         sum(token_logprob(whole[p], p) for p in positions),
         all(is_top(whole[p], p) for p in positions),
     )
-
-
-def make(*stubs: StubServer, **kwargs: Any) -> OpenAIProvider:
-    kwargs = {"retries": 2, "backoff": 0.01, "timeout": 30.0, **kwargs}
-    urls = [s.url for s in stubs]
-    return OpenAIProvider(urls[0] if len(urls) == 1 else urls, STUB_MODEL, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -62,7 +55,7 @@ CASES = [
 
 def test_values_and_greedy_follow_the_echoed_logprobs(stub: StubServer) -> None:
     requests = [ll_request(c, conts, iid=f"q{n}") for n, (c, conts) in enumerate(CASES)]
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         results = provider.loglikelihood(requests)
     greedy_seen = set()
     for (context, continuations), result in zip(CASES, results, strict=True):
@@ -77,7 +70,7 @@ def test_values_and_greedy_follow_the_echoed_logprobs(stub: StubServer) -> None:
 
 
 def test_one_echo_call_per_request(stub: StubServer) -> None:
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         (result,) = provider.loglikelihood(
             [ll_request("Say: ", ("yes", "no", "yes"), system_prompt="Be brief.")]
         )
@@ -97,14 +90,14 @@ def test_one_echo_call_per_request(stub: StubServer) -> None:
 
 def test_stream_yields_each_request_once(stub: StubServer) -> None:
     requests = [ll_request(c, conts, iid=f"q{n}") for n, (c, conts) in enumerate(CASES)]
-    with make(stub, concurrency=2) as provider:
+    with stub_provider(stub, concurrency=2) as provider:
         streamed = dict(provider.loglikelihood_stream(requests))
         assert [streamed[i] for i in range(len(CASES))] == provider.loglikelihood(requests)
 
 
 def test_a_503_is_retried(stub: StubServer) -> None:
     stub.script = [Fail(503, "busy")]
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         (result,) = provider.loglikelihood([ll_request("Answer:", (" seven",))])
     assert result == [expected("Answer:", " seven")]
     assert stub.received == 2
@@ -112,14 +105,14 @@ def test_a_503_is_retried(stub: StubServer) -> None:
 
 def test_a_timeout_is_a_retryable_failure(stub: StubServer) -> None:
     stub.script = [Hang(), Hang()]
-    with make(stub, timeout=0.3, retries=1) as provider:
+    with stub_provider(stub, timeout=0.3, retries=1) as provider:
         (result,) = provider.loglikelihood([ll_request("Answer:", (" seven",))])
     assert isinstance(result, GenerationError) and result.retryable
     assert "timed out" in result.message and stub.received == 2
 
 
 def test_several_servers_share_the_calls(stub: StubServer) -> None:
-    with StubServer(STUB_MODEL) as other, make(stub, other, concurrency=4) as provider:
+    with StubServer(STUB_MODEL) as other, stub_provider(stub, other, concurrency=4) as provider:
         requests = [ll_request(f"Question {i}:", (" a", " b"), iid=f"q{i}") for i in range(12)]
         results = provider.loglikelihood(requests)
         assert stub.received and other.received and stub.received + other.received == 12
@@ -161,7 +154,7 @@ def test_a_malformed_answer_fails_clearly_never_scores(
     stub: StubServer, edit: Callable[[dict[str, Any]], None], says: str
 ) -> None:
     stub.default = Edited(edit)
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         (result,) = provider.loglikelihood([ll_request("Answer:", (" seven",))])
     assert isinstance(result, GenerationError) and not result.retryable, result
     assert says in result.message
@@ -173,7 +166,7 @@ def test_requests_it_cannot_score_are_refused_without_a_call(stub: StubServer) -
         ll_request("Look:", (" a",), images=("x.png",)),
         Request(task="t", instance_id="g", context="Hi"),
     ]
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         results = provider.loglikelihood(requests)
         (empty,) = provider.loglikelihood([ll_request("", ("seven",))])
     assert all(isinstance(r, GenerationError) and not r.retryable for r in results)

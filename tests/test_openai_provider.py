@@ -30,7 +30,7 @@ import pytest
 from http_stub import ANSWER, STUB_MODEL, Action, Drop, Fail, Hang, StubServer, Trickle
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from llm_fixtures import make_request
+from llm_fixtures import make_request, stub_provider
 
 from pytest_evalreplay.model import EvalReplayError, Generation, GenerationError, Request
 from pytest_evalreplay.providers import openai as openai_mod
@@ -52,13 +52,6 @@ def ok(result: Any) -> list[Generation]:
 def failed(result: Any) -> GenerationError:
     assert isinstance(result, GenerationError), result
     return result
-
-
-def make(*stubs: StubServer, **kwargs: Any) -> OpenAIProvider:
-    """A provider over the stubs; fast retries, and a timeout no passing test reaches."""
-    kwargs = {"retries": 2, "backoff": 0.01, "timeout": 30.0, **kwargs}
-    urls = [s.url for s in stubs]
-    return OpenAIProvider(urls[0] if len(urls) == 1 else urls, STUB_MODEL, **kwargs)
 
 
 def finishes(fn: Callable[[], T], limit: float = 120.0) -> T:
@@ -161,21 +154,21 @@ def test_an_unreachable_server_at_start_is_a_clear_error(stub: StubServer) -> No
 def test_models_check_failing_with_http_names_the_status_and_key(stub: StubServer) -> None:
     stub.api_key = "right"
     with pytest.raises(EvalReplayError, match=r"HTTP 401: Invalid API key \(check \$EVALREPLAY_API_KEY"):
-        make(stub).check_servers()
+        stub_provider(stub).check_servers()
     stub.api_key, stub.models_status = None, 500
     with pytest.raises(EvalReplayError, match="HTTP 500"):
-        make(stub).check_servers()
+        stub_provider(stub).check_servers()
 
 
 def test_models_are_checked_once_on_first_use(stub: StubServer) -> None:
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         assert stub.count("models") == 0
         provider.generate([req("a")])
         provider.generate([req("b")])
         list(provider.generate_stream([req("c")]))
     assert stub.count("models") == 1
     stub.model = "other"
-    with make(stub) as provider, pytest.raises(EvalReplayError, match="serves 'other'"):
+    with stub_provider(stub) as provider, pytest.raises(EvalReplayError, match="serves 'other'"):
         provider.generate([req("a")])
     assert stub.received == 3  # the refused provider sent nothing
 
@@ -184,7 +177,7 @@ def test_models_are_checked_once_on_first_use(stub: StubServer) -> None:
 
 
 def test_text_and_chat_endpoints_and_system_prompt(stub: StubServer) -> None:
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         out = provider.generate(
             [
                 req("2+2=", system_prompt="Be brief.", max_tokens=4),
@@ -213,7 +206,7 @@ def test_text_and_chat_endpoints_and_system_prompt(stub: StubServer) -> None:
 
 
 def test_seed_n_and_greedy_plans(stub: StubServer) -> None:
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         out = provider.generate(
             [
                 req("seeded", num_samples=3, seed=7),
@@ -244,7 +237,7 @@ def test_seed_n_and_greedy_plans(stub: StubServer) -> None:
 
 
 def test_reserved_sampling_keys_fail_that_request_only(stub: StubServer) -> None:
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         out = provider.generate([req("a", n=2), req("b", stream=True), req("c", top_k=3)])
     assert "num_samples" in failed(out[0]).message and "'stream'" in failed(out[1]).message
     assert not failed(out[0]).retryable and not failed(out[1]).retryable
@@ -253,7 +246,7 @@ def test_reserved_sampling_keys_fail_that_request_only(stub: StubServer) -> None
 
 
 def test_unsupported_requests_make_no_http_call(stub: StubServer) -> None:
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         out = provider.generate(
             [Request(task="t", instance_id="a", context="x", request_type="loglikelihood")]
         )
@@ -266,7 +259,7 @@ def test_unsupported_requests_make_no_http_call(stub: StubServer) -> None:
 
 def test_5xx_then_success_is_retried(stub: StubServer) -> None:
     stub.script = [Fail(503, "overloaded"), Fail(500)]
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         (result,) = provider.generate([req("x")])
     assert len(ok(result)) == 1
     assert stub.received == 3
@@ -274,7 +267,7 @@ def test_5xx_then_success_is_retried(stub: StubServer) -> None:
 
 def test_persistent_5xx_is_a_retryable_error(stub: StubServer) -> None:
     stub.default = Fail(502, "bad gateway")
-    with make(stub, retries=2) as provider:
+    with stub_provider(stub, retries=2) as provider:
         (result,) = provider.generate([req("x")])
     error = failed(result)
     assert error.retryable and "3 attempts" in error.message
@@ -285,7 +278,7 @@ def test_persistent_5xx_is_a_retryable_error(stub: StubServer) -> None:
 def test_4xx_is_terminal_with_the_server_message(stub: StubServer) -> None:
     msg = "This model's maximum context length is 256 tokens."
     stub.script = [Fail(400, msg)]
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         out = provider.generate([req("x"), req("y", iid="other")])
     errors = [r for r in out if isinstance(r, GenerationError)]
     assert len(errors) == 1 and not errors[0].retryable and msg in errors[0].message
@@ -298,7 +291,7 @@ def test_retry_after_sets_the_wait_within_the_cap(stub: StubServer, monkeypatch:
         Fail(429, "slow down", (("Retry-After", "0"),)),
         Fail(503, "busy", (("Retry-After", "99"),)),
     ]
-    with make(stub, backoff=30.0, max_backoff=5.0) as provider:
+    with stub_provider(stub, backoff=30.0, max_backoff=5.0) as provider:
         waits: list[float] = []
         monkeypatch.setattr(provider._caller, "_pause", lambda run, seconds: waits.append(seconds) or False)
         (result,) = provider.generate([req("x")])
@@ -309,7 +302,7 @@ def test_retry_after_sets_the_wait_within_the_cap(stub: StubServer, monkeypatch:
 def test_backoff_doubles_with_jitter(stub: StubServer, monkeypatch: pytest.MonkeyPatch) -> None:
     stub.script = [Fail(503)] * 4
     slow = {"backoff": 1.0, "max_backoff": 3.0, "failures_to_cool": 10, "give_up_failures": 10}
-    with make(stub, retries=4, **slow) as provider:
+    with stub_provider(stub, retries=4, **slow) as provider:
         waits: list[float] = []
         monkeypatch.setattr(provider._caller, "_pause", lambda run, seconds: waits.append(seconds) or False)
         (result,) = provider.generate([req("x")])
@@ -320,7 +313,7 @@ def test_backoff_doubles_with_jitter(stub: StubServer, monkeypatch: pytest.Monke
 
 def test_a_hanging_server_is_a_retryable_timeout(stub: StubServer) -> None:
     stub.default = Hang()
-    with make(stub, timeout=0.5, retries=0) as provider:
+    with stub_provider(stub, timeout=0.5, retries=0) as provider:
         (result,) = finishes(lambda: provider.generate([req("x")]))
     error = failed(result)
     assert error.retryable and "timed out after 0.5 s (--evalreplay-timeout)" in error.message
@@ -331,7 +324,7 @@ def test_a_hanging_server_is_a_retryable_timeout(stub: StubServer) -> None:
 def test_a_trickling_server_is_a_retryable_timeout(stub: StubServer, in_headers: bool) -> None:
     """A byte every 50 ms never trips a socket timeout of 0.5 s; the deadline still ends it."""
     stub.default = Trickle(interval=0.05, in_headers=in_headers)
-    with make(stub, timeout=0.5, retries=1) as provider:
+    with stub_provider(stub, timeout=0.5, retries=1) as provider:
         (result,) = finishes(lambda: provider.generate([req("x")]))
     error = failed(result)
     assert error.retryable and "--evalreplay-timeout" in error.message and "2 attempts" in error.message
@@ -340,7 +333,7 @@ def test_a_trickling_server_is_a_retryable_timeout(stub: StubServer, in_headers:
 def test_a_call_never_outlasts_its_budget(stub: StubServer) -> None:
     """(retries + 1) x timeout in all: waits and attempts are cut there."""
     stub.default = Hang()
-    with make(stub, timeout=0.3, retries=3, backoff=0.2, failures_to_cool=10) as provider:
+    with stub_provider(stub, timeout=0.3, retries=3, backoff=0.2, failures_to_cool=10) as provider:
         (result,) = finishes(lambda: provider.generate([req("x")]))
     assert failed(result).retryable and "--evalreplay-timeout" in failed(result).message
     assert stub.received <= 4
@@ -348,7 +341,7 @@ def test_a_call_never_outlasts_its_budget(stub: StubServer) -> None:
 
 def test_timeout_then_success(stub: StubServer) -> None:
     stub.script = [Hang()]
-    with make(stub, timeout=3.0, retries=1) as provider:  # the answer must come within 3 s
+    with stub_provider(stub, timeout=3.0, retries=1) as provider:  # the answer must come within 3 s
         (result,) = finishes(lambda: provider.generate([req("x")]))
     assert len(ok(result)) == 1
     assert stub.received == 2
@@ -356,11 +349,11 @@ def test_timeout_then_success(stub: StubServer) -> None:
 
 def test_dropped_connection_is_retried(stub: StubServer) -> None:
     stub.script = [Drop()]
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         (result,) = provider.generate([req("x")])
     assert len(ok(result)) == 1
     stub.default = Drop()
-    with make(stub, retries=1) as provider:
+    with stub_provider(stub, retries=1) as provider:
         (result,) = provider.generate([req("x")])
     error = failed(result)
     assert error.retryable and "connection error" in error.message
@@ -372,24 +365,24 @@ def test_malformed_200_is_retried_once_then_terminal(stub: StubServer) -> None:
             handler.reply(200, {"unexpected": True})
 
     stub.script = [Garbage()]
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         (result,) = provider.generate([req("x")])
     assert len(ok(result)) == 1 and stub.received == 2
     stub.script = [Garbage(), Garbage()]
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         (result,) = provider.generate([req("x")])
     assert not failed(result).retryable and "malformed" in failed(result).message
     assert "after 2 attempts" in failed(result).message and stub.received == 4
 
 
 def test_api_key_from_env_as_bearer(stub: StubServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         provider.generate([req("none")])
     monkeypatch.setenv("OPENAI_API_KEY", "sk-fallback")
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         provider.generate([req("fallback")])
     monkeypatch.setenv("EVALREPLAY_API_KEY", "sk-evalreplay")
-    with make(stub) as provider:
+    with stub_provider(stub) as provider:
         provider.generate([req("preferred")])
         assert "sk-" not in repr(provider)
     auth = [headers.get("authorization") for _, headers, _ in stub.requests]
@@ -398,7 +391,7 @@ def test_api_key_from_env_as_bearer(stub: StubServer, monkeypatch: pytest.Monkey
 
 def test_concurrency_bounds_requests_in_flight(stub: StubServer) -> None:
     stub.hold_if = lambda body: True
-    with make(stub, concurrency=3) as provider:
+    with stub_provider(stub, concurrency=3) as provider:
         worker = threading.Thread(
             target=provider.generate, args=([req(f"q{i}", iid=f"q{i}") for i in range(9)],)
         )
@@ -408,13 +401,13 @@ def test_concurrency_bounds_requests_in_flight(stub: StubServer) -> None:
         worker.join()
     assert stub.answered == 9 and stub.peak_in_flight == 3
     stub.peak_in_flight = 0
-    with make(stub, concurrency=1) as provider:
+    with stub_provider(stub, concurrency=1) as provider:
         provider.generate([req(f"q{i}", iid=f"q{i}") for i in range(3)])
     assert stub.peak_in_flight == 1
 
 
 def test_connections_are_kept_alive(stub: StubServer) -> None:
-    with make(stub, concurrency=1) as provider:
+    with stub_provider(stub, concurrency=1) as provider:
         for i in range(4):
             provider.generate([req(f"q{i}")])
     ports = {e["client_port"] for e in stub.events if e["event"] == "received"}
@@ -428,7 +421,7 @@ def test_server_closing_a_kept_alive_connection_costs_no_retry(stub: StubServer)
             handler.close_connection = True  # closes without a "Connection: close" header
 
     stub.script = [AnswerThenClose()]
-    with make(stub, concurrency=1, retries=0) as provider:
+    with stub_provider(stub, concurrency=1, retries=0) as provider:
         assert len(ok(provider.generate([req("a")])[0])) == 1
         # the model check's connection and the answered one are both closed now
         assert stub.wait_until(lambda s: s.count("closed") == 2)
@@ -441,7 +434,7 @@ def test_server_closing_a_kept_alive_connection_costs_no_retry(stub: StubServer)
 
 def test_the_stream_yields_a_finished_request_before_a_slow_one(stub: StubServer) -> None:
     stub.hold_if = lambda body: body.get("prompt") == "slow"
-    with make(stub, concurrency=4) as provider:
+    with stub_provider(stub, concurrency=4) as provider:
         stream = provider.generate_stream([req("slow", iid="s"), req("fast", iid="f", num_samples=2, seed=1)])
         index, result = next(stream)
         assert index == 1 and [g.text for g in ok(result)] == ["fast|seed=1|i=0", "fast|seed=2|i=0"]
@@ -461,7 +454,7 @@ def test_the_stream_yields_each_index_once(stub: StubServer) -> None:
         req("c", iid="c"),
         req("d", iid="d", num_samples=2, temperature=0),
     ]
-    with make(stub, concurrency=2) as provider:
+    with stub_provider(stub, concurrency=2) as provider:
         pairs = list(provider.generate_stream(requests))
         assert sorted(i for i, _ in pairs) == list(range(len(requests)))
         assert provider.generate(requests)[1:3] == [dict(pairs)[1], dict(pairs)[2]]
@@ -470,7 +463,7 @@ def test_the_stream_yields_each_index_once(stub: StubServer) -> None:
 def test_closing_the_stream_aborts_in_flight_calls_and_the_provider_works_again(stub: StubServer) -> None:
     stub.hold_if = lambda body: body.get("prompt", "").startswith("held")
     requests = [req("fast", iid="fast")] + [req(f"held{i}", iid=f"h{i}") for i in range(5)]
-    with make(stub, concurrency=3) as provider:
+    with stub_provider(stub, concurrency=3) as provider:
         stream = provider.generate_stream(requests)
         assert next(stream)[0] == 0
         assert stub.wait_until(lambda s: len(s.prompts("received")) == 4)  # three held, two still queued
@@ -497,7 +490,7 @@ def test_an_interrupt_while_waiting_aborts_calls(stub: StubServer) -> None:
     stub.hold_if = lambda body: True
     main = threading.main_thread().ident
     assert main is not None
-    provider = make(stub, concurrency=2)
+    provider = stub_provider(stub, concurrency=2)
 
     def interrupter() -> None:
         if stub.wait_until(lambda s: s.in_flight == 2):
@@ -522,7 +515,7 @@ def test_an_interrupt_while_waiting_aborts_calls(stub: StubServer) -> None:
 def test_close_cancels_a_stream_in_another_thread(stub: StubServer) -> None:
     """provider.close() while a stream waits: every index still comes, as a retryable failure."""
     stub.hold_if = lambda body: True
-    provider = make(stub, concurrency=1)
+    provider = stub_provider(stub, concurrency=1)
     box: list[list[tuple[int, Any]]] = []
     consumer = threading.Thread(
         target=lambda: box.append(list(provider.generate_stream([req("a"), req("b")])))
@@ -543,7 +536,7 @@ def test_load_is_spread_over_servers(stub: StubServer, stub2: StubServer) -> Non
     for s in (stub, stub2):
         s.hold_if = lambda body: True
     prompts = [f"q{i}" for i in range(12)]
-    with make(stub, stub2, concurrency=4) as provider:
+    with stub_provider(stub, stub2, concurrency=4) as provider:
         worker = threading.Thread(target=provider.generate, args=([req(p, iid=p) for p in prompts],))
         worker.start()
         # fewest in flight first: the four first calls go two and two
@@ -558,7 +551,7 @@ def test_load_is_spread_over_servers(stub: StubServer, stub2: StubServer) -> Non
 def test_a_server_stopped_mid_run_loses_nothing(stub: StubServer, stub2: StubServer) -> None:
     stub.hold_if = lambda body: True  # it never answers; then it goes away
     prompts = [f"q{i}" for i in range(20)]
-    with make(stub, stub2, concurrency=4, cool_down=1000.0) as provider:
+    with stub_provider(stub, stub2, concurrency=4, cool_down=1000.0) as provider:
         box: list[list[Any]] = []
         worker = threading.Thread(
             target=lambda: box.append(provider.generate([req(p, iid=p) for p in prompts]))
@@ -577,7 +570,9 @@ def test_a_hanging_server_sends_its_requests_to_the_other(stub: StubServer, stub
     """The first call goes to the hanging server (no load anywhere yet), times
     out, takes it out and is retried on the other; the second goes there at once."""
     stub.default = Hang()
-    with make(stub, stub2, concurrency=1, timeout=3.0, failures_to_cool=1, cool_down=1000.0) as provider:
+    with stub_provider(
+        stub, stub2, concurrency=1, timeout=3.0, failures_to_cool=1, cool_down=1000.0
+    ) as provider:
         out = finishes(lambda: provider.generate([req("a", iid="a"), req("b", iid="b")]))
     assert all(len(ok(r)) == 1 for r in out)
     assert stub.answered == 0 and sorted(stub2.prompts()) == ["a", "b"]
@@ -586,7 +581,7 @@ def test_a_hanging_server_sends_its_requests_to_the_other(stub: StubServer, stub
 
 def test_every_server_out_fails_retryable_at_once_when_none_is_back_in_time(stub: StubServer) -> None:
     stub.default = Fail(503, "down")
-    with make(stub, retries=3, timeout=5.0, failures_to_cool=1, cool_down=1000.0) as provider:
+    with stub_provider(stub, retries=3, timeout=5.0, failures_to_cool=1, cool_down=1000.0) as provider:
         (result,) = provider.generate([req("x")])
     error = failed(result)
     assert error.retryable and "every server is out" in error.message and "HTTP 503" in error.message
@@ -595,7 +590,7 @@ def test_every_server_out_fails_retryable_at_once_when_none_is_back_in_time(stub
 
 def test_a_call_waits_for_a_server_to_come_back(stub: StubServer) -> None:
     stub.script = [Fail(503, "restarting")]
-    with make(stub, failures_to_cool=1, cool_down=0.05) as provider:
+    with stub_provider(stub, failures_to_cool=1, cool_down=0.05) as provider:
         (result,) = provider.generate([req("x")])
     assert len(ok(result)) == 1 and stub.received == 2
 
