@@ -40,7 +40,6 @@ from pytest_evalreplay.model import (
     Request,
     digest,
     request_content,
-    request_digest,
 )
 from pytest_evalreplay.planning import TaskPlan
 from pytest_evalreplay.recorder import TaskRecorder
@@ -101,8 +100,9 @@ class Episode:
             stage=stage,
             rollouts=(0,),
         )
+        content = request_content(request)
         try:
-            rq = request_digest(request)  # the one serialization of what is sent, per turn
+            rq = digest(content)  # the one serialization of what is sent, per turn
         except TypeError as exc:
             raise EvalReplayError(
                 f"llm.chat: the messages are not JSON ({exc}); they are saved with the run"
@@ -114,7 +114,7 @@ class Episode:
             answer = runner.recorded((stage, request.instance_id, 0), rq, runner.pv)
         if answer is None:
             self.live = True
-            runner.asked[request.instance_id] = (rq, self._row_content(request))  # for the batch's rows
+            runner.asked[request.instance_id] = (rq, self._row_content(content))  # for the batch's rows
             answer = runner.batcher.ask(request)
         if isinstance(answer, str):
             raise self.fail(answer)
@@ -140,12 +140,12 @@ class Episode:
             )
         return answer
 
-    def _row_content(self, request: Request) -> dict[str, Any]:
-        """What the turn's request row holds: the messages added since the
-        turn before (`after`: that turn's digest) when it sent those first,
-        so the journal grows with the conversation and not with its square;
-        the digest stays over the whole request."""
-        content = request_content(request)
+    def _row_content(self, content: dict[str, Any]) -> dict[str, Any]:
+        """What the turn's request row holds (`content`, the request's,
+        changed in place): the messages added since the turn before (`after`:
+        that turn's digest) when it sent those first, so the journal grows
+        with the conversation and not with its square; the digest stays over
+        the whole request."""
         prev = self.turns[-1]["messages"] if self.turns else None
         messages = content["context"]
         if prev is not None and messages[: len(prev)] == prev:

@@ -237,7 +237,7 @@ class JournalIndex:
             rq = _str_field(row, "digest", where)
             if not isinstance(row.get("request"), dict):
                 raise EvalReplayError(f"{where}: a request row needs a 'request' object")
-            self.requests.setdefault(self._one(rq), (offset, length))
+            self._add_request(rq, offset, length)
         elif kind == "provider":
             pv = _str_field(row, "digest", where)
             if not isinstance(row.get("provider"), dict):
@@ -247,6 +247,9 @@ class JournalIndex:
             self.stage_rows.append((self.lineno, row))
         else:
             raise EvalReplayError(f"{where}: unknown journal row type {kind!r}")
+
+    def _add_request(self, rq: str, offset: int, length: int) -> None:
+        self.requests.setdefault(self._one(rq), (offset, length))  # the first row of a content stays
 
     def _add_gen(
         self,
@@ -292,7 +295,7 @@ class JournalIndex:
             kind, length = row["type"], len(line) - 1
             if kind == "request":
                 self.rows += 1
-                self.requests.setdefault(self._one(row["digest"]), (self.offset, length))
+                self._add_request(row["digest"], self.offset, length)
             elif kind == "gen":
                 self.rows += 1
                 key = (row["stage"], row["instance_id"], row["rollout"])
