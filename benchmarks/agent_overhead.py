@@ -4,7 +4,13 @@ instant tool) run as an agent task by the plugin, against the same loop
 calling the provider directly, side by side, each in a child pytest process.
 The direct loop runs two ways (both `-p no:evalreplay`): one parametrized
 test per episode, so both sides pay pytest's item per episode (an agent
-task keeps one item per episode), and all episodes in one plain test.
+task keeps one item per episode), and all episodes in one plain test. A
+fourth side, the floor, is the per-episode loop plus the least any harness
+must do to keep the promise that a crash costs only the turn in flight:
+each turn's request digested (what resume compares), each model turn and
+each tool result appended as it exists (one write(2) each, to a file kept
+open), each episode's answer a line; no lock, index, retry or run dir. Its
+ratio to the per-episode loop is how much of the goal that work alone takes.
 
     python benchmarks/agent_overhead.py                # 1,000 episodes x 10 turns = 10k turns, 1 round
     python benchmarks/agent_overhead.py --runs 3       # steadier medians
@@ -23,6 +29,7 @@ concurrent episodes' turns (threads), and the run dir with its transcripts.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -95,14 +102,25 @@ def pytest_evalreplay_make_provider(config, kind):
     return Instant() if kind == "instant-chat" else None
 """
 
-DIRECT_LLM = """
-from agent_loop import INSTANCES, Instant, solve
+DIRECT_LOOP = '''
+"""The direct sides' episodes: the provider called directly, and the floor."""
+import atexit
+import os
+import time
+
+import orjson
+from agent_loop import Instant, solve
 from pytest_evalreplay import Request
 from pytest_evalreplay.agent import Turn, parse_call
+from pytest_evalreplay.model import digest
+
+PROVIDER = Instant()
+SPENT = [0.0]  # CPU inside the episodes, for the benchmark to read
+atexit.register(lambda: open("episodes-cpu.txt", "w").write(repr(SPENT[0])))
 
 
 class DirectLLM:
-    '''The provider called directly: one request per turn, the tool run as is.'''
+    """The provider called directly: one request per turn, the tool run as is."""
 
     def __init__(self, provider, instance_id):
         self.provider, self.instance_id = provider, instance_id
@@ -114,47 +132,88 @@ class DirectLLM:
 
     def tool(self, call, fn):
         return fn(**parse_call(call)[1])
-"""
 
-ONE_TEST_SIDE = (
-    DIRECT_LLM
-    + """
+
+class FloorLLM(DirectLLM):
+    """The direct loop, each model turn and tool result a line as it exists."""
+
+    journal = None
+
+    def __init__(self, provider, instance_id):
+        super().__init__(provider, instance_id)
+        self.turns, self.sent, self.after = 0, 0, None
+        if FloorLLM.journal is None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+            FloorLLM.journal = os.open("floor-journal.jsonl", flags, 0o644)
+
+    def chat(self, messages, tools=None, **sampling):
+        rq = digest({"context": messages, "tools": tools or [], "sampling": sampling})
+        turn = super().chat(messages, tools, **sampling)
+        self.turns += 1
+        row = {"key": f"{self.instance_id}|t{self.turns}", "rq": rq, "after": self.after,
+               "added": messages[self.sent :], "reply": turn.message}
+        os.write(self.journal, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+        self.sent, self.after = len(messages), rq
+        return turn
+
+    def tool(self, call, fn):
+        result = super().tool(call, fn)
+        row = {"key": f"{self.instance_id}|{call['id']}", "after": self.after, "result": result}
+        os.write(self.journal, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+        return result
+
+    def end(self, answer):
+        row = {"instance_id": self.instance_id, "answer": answer, "turns": self.turns}
+        os.write(self.journal, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+
+
+def episode(instance, llm_class=DirectLLM):
+    start = time.thread_time()
+    llm = llm_class(PROVIDER, instance["id"])
+    answer = solve(instance, llm)
+    if isinstance(llm, FloorLLM):
+        llm.end(answer)
+    SPENT[0] += time.thread_time() - start
+    return answer
+'''
+
+ONE_TEST_SIDE = """
+from agent_loop import INSTANCES
+from direct_loop import episode
+
 
 def test_direct():
-    provider = Instant()
-    answers = [solve(instance, DirectLLM(provider, instance["id"])) for instance in INSTANCES]
-    assert len(answers) == len(INSTANCES)
+    assert len([episode(instance) for instance in INSTANCES]) == len(INSTANCES)
 """
-)
 
-PER_EPISODE_SIDE = (
-    "import pytest\n"
-    + DIRECT_LLM
-    + """
-PROVIDER = Instant()
+PER_EPISODE_SIDE = """
+import pytest
+from agent_loop import INSTANCES
+from direct_loop import {llm}, episode
 
 
 @pytest.mark.parametrize("instance", INSTANCES, ids=[i["id"] for i in INSTANCES])
 def test_episode(instance):
-    assert isinstance(solve(instance, DirectLLM(PROVIDER, instance["id"])), str)
+    assert isinstance(episode(instance, {llm}), str)
 """
-)
 
-SIDES = ("plugin", "per-episode", "one-test")
+SIDES = ("plugin", "per-episode", "one-test", "floor")
 
 
 def projects(tmp: Path, episodes: int, turns: int) -> dict[str, Path]:
     loop = LOOP.format(turns=turns, episodes=episodes)
     files = {
         "plugin": {"conftest.py": PLUGIN_CONFTEST, "test_agent.py": PLUGIN_SIDE},
-        "per-episode": {"test_direct.py": PER_EPISODE_SIDE},
+        "per-episode": {"test_direct.py": PER_EPISODE_SIDE.format(llm="DirectLLM")},
         "one-test": {"test_direct.py": ONE_TEST_SIDE},
+        "floor": {"test_direct.py": PER_EPISODE_SIDE.format(llm="FloorLLM")},
     }
     roots = {}
     for side, texts in files.items():
         root = roots[side] = tmp / side
         root.mkdir(parents=True)
         (root / "agent_loop.py").write_text(loop)
+        (root / "direct_loop.py").write_text(DIRECT_LOOP)
         (root / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
         for name, text in texts.items():
             (root / name).write_text(text)
@@ -163,22 +222,26 @@ def projects(tmp: Path, episodes: int, turns: int) -> dict[str, Path]:
 
 def measure(
     tmp: Path, episodes: int, turns: int, runs: int, concurrency: int | None
-) -> dict[str, list[Measure]]:
+) -> tuple[dict[str, list[Measure]], dict[str, list[float]]]:
+    """Each side's runs, and the direct sides' CPU inside their episodes."""
     roots = projects(tmp, episodes, turns)
     plugin_args = ["--evalreplay-provider=instant-chat"]
     if concurrency is not None:
         plugin_args.append(f"--evalreplay-concurrency={concurrency}")
     out: dict[str, list[Measure]] = {side: [] for side in SIDES}
+    inside: dict[str, list[float]] = {side: [] for side in SIDES[1:]}
     for n in range(runs + 1):  # the first round warms the bytecode and file caches, and is dropped
-        for side in SIDES[n % 3 :] + SIDES[: n % 3]:  # each side takes each place in turn
+        for side in SIDES[n % len(SIDES) :] + SIDES[: n % len(SIDES)]:  # each side takes each place in turn
             if side == "plugin":
                 m = run_pytest(roots[side], [*plugin_args, f"--evalreplay-output={tmp}/out{n}"])
                 expect_in(m, f"steps: {episodes:,} instances, {episodes:,} items, 0 failed")
             else:
                 m = run_pytest(roots[side], BARE)
+                if n:
+                    inside[side].append(float((roots[side] / "episodes-cpu.txt").read_text()))
             if n:
                 out[side].append(m)
-    return out
+    return out, inside
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     total = args.episodes * args.turns
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="evalreplay-bench-") as name:
-        sides = measure(Path(name), args.episodes, args.turns, args.runs, args.concurrency)
+        sides, inside = measure(Path(name), args.episodes, args.turns, args.runs, args.concurrency)
     print(
         f"{args.episodes:,} episodes x {args.turns} turns = {total:,} model turns, median of {args.runs} "
         "round(s): agent task vs the same loop calling the provider directly"
@@ -205,6 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     per_episode = Compared(sides["plugin"], sides["per-episode"])
     per_turn = (per_episode.median("a", "cpu") - per_episode.median("b", "cpu")) / total * 1000
     print(f"  per turn : the plugin's marginal CPU over the per-episode loop {per_turn:.3f} ms")
+    loop, floor = (statistics.median(inside[side]) for side in ("per-episode", "floor"))
+    budget = (GOAL - 1) * per_episode.median("b", "cpu")
+    extra = floor - loop
+    print(
+        f"  floor    : the loop, each turn digested and written as it exists: {floor:.2f} s of CPU in the "
+        f"episodes vs {loop:.2f} s, {extra / total * 1e6:.1f} us a turn, {extra / budget:.0%} of the "
+        f"{budget:.2f} s the goal allows over the per-episode loop"
+    )
     ok = per_episode.ratio("cpu") <= GOAL
     print(f"  goal     : CPU <= {GOAL}x the per-episode direct loop -> {verdict(ok)}")
     print(f"benchmark took {time.perf_counter() - started:.0f} s")
