@@ -103,13 +103,22 @@ def parse_call(call: Any) -> tuple[str, dict[str, Any]]:
     return function["name"], arguments
 
 
-def _checked_messages(messages: Any) -> list[dict[str, Any]]:
+def _checked_messages(messages: Any, sent: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of the messages as they are sent (the agent may change its own
+    later). The first ones, when equal to what the episode's last call sent
+    (`sent`), are that call's copies: an agent that appends to its
+    conversation copies only what it added, not all of it every turn."""
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
         raise EvalReplayError(
             "llm.chat: messages must be a non-empty list of chat messages ({'role', 'content'})"
         )
-    out = []
-    for n, message in enumerate(messages):
+    start = len(sent)
+    if start and type(messages) is list and messages[:start] == sent:
+        out = sent.copy()
+    else:
+        out, start = [], 0
+    for n in range(start, len(messages)):
+        message = messages[n]
         if type(message) is dict and type(message.get("role")) is str:  # the common case, without ABC checks
             out.append(message.copy())
             continue
@@ -138,12 +147,14 @@ class LLM:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        self._sent: list[dict[str, Any]] = []  # the messages of the last call, as copied
 
     def chat(
         self, messages: Sequence[Mapping[str, Any]], tools: list[Any] | None = None, **sampling: Any
     ) -> Turn:
         """One assistant turn for these messages (sampling: the task's, updated by these)."""
-        return Turn.of(self._backend.chat(_checked_messages(messages), _checked_tools(tools), sampling))
+        self._sent = checked = _checked_messages(messages, self._sent)
+        return Turn.of(self._backend.chat(checked, _checked_tools(tools), sampling))
 
     def tool(self, call: Mapping[str, Any], fn: Callable[..., Any]) -> Any:
         """`fn(**arguments)` for this tool call, run once: resume and replay serve the recorded result."""
@@ -163,11 +174,13 @@ class AsyncLLM:
     def __init__(self, backend: Backend, executor: Executor) -> None:
         self._backend = backend
         self._executor = executor
+        self._sent: list[dict[str, Any]] = []
 
     async def chat(
         self, messages: Sequence[Mapping[str, Any]], tools: list[Any] | None = None, **sampling: Any
     ) -> Turn:
-        checked, checked_tools = _checked_messages(messages), _checked_tools(tools)
+        self._sent = checked = _checked_messages(messages, self._sent)
+        checked_tools = _checked_tools(tools)
         loop = asyncio.get_running_loop()
         generation = await loop.run_in_executor(
             self._executor, self._backend.chat, checked, checked_tools, sampling

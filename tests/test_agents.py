@@ -9,7 +9,8 @@ import orjson
 import pytest
 from agent_project import AGENT, CONFTEST, INI
 
-from pytest_evalreplay import EvalTask
+from pytest_evalreplay import EvalTask, Generation
+from pytest_evalreplay.agent import LLM
 from pytest_evalreplay.model import EvalReplayError
 
 
@@ -281,3 +282,39 @@ def test_messages_that_are_not_json_fail_the_episode_saying_so(project):
     result.stdout.fnmatch_lines(
         ["*llm.chat: the messages are not JSON (Type is not JSON serializable: object)*"]
     )
+
+
+class Recording:
+    """An episode backend that keeps what each `llm.chat` sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[dict]] = []
+
+    def chat(self, messages, tools, sampling):
+        self.sent.append(messages)
+        return Generation(f"reply {len(self.sent)}")
+
+
+def test_each_turn_copies_only_the_messages_it_added():
+    backend = Recording()
+    llm = LLM(backend)
+    messages = [{"role": "user", "content": "hi"}]
+    messages.append(llm.chat(messages).message)
+    messages.append({"role": "user", "content": "and?"})
+    llm.chat(messages)
+    first, second = backend.sent
+    assert second[0] is first[0]  # unchanged since the first call: that call's copy
+    assert second == messages and all(a is not b for a, b in zip(second, messages, strict=True))
+
+
+def test_a_message_changed_in_place_after_it_was_sent_is_sent_as_changed():
+    backend = Recording()
+    llm = LLM(backend)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    llm.chat(messages)
+    messages[0]["content"] = "be verbose"
+    llm.chat(messages)
+    first, second = backend.sent
+    assert first[0]["content"] == "be brief" and second[0]["content"] == "be verbose"
+    llm.chat(tuple(messages))  # any sequence of messages will do
+    assert backend.sent[2] == messages
