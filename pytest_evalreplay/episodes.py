@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -232,8 +231,10 @@ def _reply(generation: Generation) -> dict[str, Any]:
 
 class EpisodeRunner:
     """An agent task's episodes in one session: its turns journal, the saved
-    run replayed (if any) and the batcher. One lock guards both recorders,
-    which the episode threads and the batcher share."""
+    run replayed (if any) and the batcher. One lock (the turns recorder's
+    mutex) guards both recorders, which the episode threads and the batcher
+    share; it is never held while the provider generates, so episodes keep
+    running their tools and reading the journal meanwhile."""
 
     def __init__(
         self, ctx: RunContext, name: str, task: EvalTask, plan: TaskPlan, recorder: TaskRecorder
@@ -243,9 +244,9 @@ class EpisodeRunner:
         self.task = task
         self.plan = plan
         self.recorder = recorder
-        self.lock = threading.RLock()
         settings = ctx.settings
         self.turns = ctx.open_journal(recorder.directory, turns_name(name))
+        self.lock = self.turns.mutex
         self.saved: transcripts.SavedEpisodes | None = None
         if settings.provider == "replay" and settings.predictions is not None:
             self.saved = transcripts.SavedEpisodes.read(settings.predictions, name)
@@ -278,20 +279,19 @@ class EpisodeRunner:
         was written, or its final failure."""
         asked = {r.instance_id: self.asked.pop(r.instance_id) for r in requests}
         answers: dict[str, Generation | Failure] = {}
-        with self.lock:
-            stream_into_journal(
-                self.turns,
-                self.ctx.host.get(),
-                (self.pv, self.ctx.provider_identity),
-                requests,
-                self.ctx.settings,
-                digest_of=lambda r: asked[r.instance_id][0],
-                content_of=lambda r: asked[r.instance_id][1],
-                progress=ProgressSink(),
-                on_answer=lambda key, gen: answers.__setitem__(key[1], gen),
-                on_failure=lambda failure: answers.__setitem__(failure.instance_id, failure),
-                settle=False,
-            )
+        stream_into_journal(  # each of its writes takes the turns recorder's mutex
+            self.turns,
+            self.ctx.host.get(),
+            (self.pv, self.ctx.provider_identity),
+            requests,
+            self.ctx.settings,
+            digest_of=lambda r: asked[r.instance_id][0],
+            content_of=lambda r: asked[r.instance_id][1],
+            progress=ProgressSink(),
+            on_answer=lambda key, gen: answers.__setitem__(key[1], gen),
+            on_failure=lambda failure: answers.__setitem__(failure.instance_id, failure),
+            settle=False,
+        )
         return [
             answers.get(r.instance_id)
             or Failure(r.stage, r.instance_id, (0,), 1, "retryable", "no answer was recorded", True)

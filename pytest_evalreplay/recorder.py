@@ -21,6 +21,7 @@ every result it could use.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -59,6 +60,10 @@ class TaskRecorder:
     _known_providers: set[str] = field(default_factory=set)
     _prepared: bool = False
     _lock: NoFollowLock | None = None
+    # Held by each method that writes or decides from the index, so threads can
+    # share a recorder (an agent task's episodes and its turn batches) without
+    # one holding it while a provider generates.
+    mutex: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def __post_init__(self) -> None:
         self.path = journal.journal_path(self.directory, self.task)
@@ -139,14 +144,15 @@ class TaskRecorder:
         that are only scores wait for a group (or the next write, or `flush`)."""
         if not rows:
             return
-        self._buffer.extend(rows)
-        if any(row["type"] != "score" for row in rows):
-            self._write()
-            return
-        if self._first_unsaved is None:
-            self._first_unsaved = time.monotonic()
-        if len(self._buffer) >= GROUP_ROWS or time.monotonic() - self._first_unsaved >= GROUP_SECONDS:
-            self._write()
+        with self.mutex:
+            self._buffer.extend(rows)
+            if any(row["type"] != "score" for row in rows):
+                self._write()
+                return
+            if self._first_unsaved is None:
+                self._first_unsaved = time.monotonic()
+            if len(self._buffer) >= GROUP_ROWS or time.monotonic() - self._first_unsaved >= GROUP_SECONDS:
+                self._write()
 
     def _write(self) -> None:
         with self.locked():
@@ -164,21 +170,23 @@ class TaskRecorder:
 
     def flush(self) -> None:
         """Write what is buffered, fsync what this process wrote, and catch up."""
-        with self.locked():
+        with self.mutex, self.locked():
             self._append_buffer()
             journal.sync(self.path)
             self.index.refresh()
 
     def request_rows(self, rq: str, content: Mapping[str, Any]) -> list[dict[str, Any]]:
-        if rq in self._known_requests or rq in self.index.requests:
-            return []
-        self._known_requests.add(rq)
+        with self.mutex:
+            if rq in self._known_requests or rq in self.index.requests:
+                return []
+            self._known_requests.add(rq)
         return [journal.request_row(rq, content)]
 
     def provider_rows(self, pv: str, identity: Mapping[str, Any]) -> list[dict[str, Any]]:
-        if pv in self._known_providers or pv in self.index.providers:
-            return []
-        self._known_providers.add(pv)
+        with self.mutex:
+            if pv in self._known_providers or pv in self.index.providers:
+                return []
+            self._known_providers.add(pv)
         return [journal.provider_row(pv, identity)]
 
     def gen(self, key: RolloutKey, rq: str, pv: str, generation: Generation) -> dict[str, Any]:

@@ -318,3 +318,73 @@ def test_a_message_changed_in_place_after_it_was_sent_is_sent_as_changed():
     assert first[0]["content"] == "be brief" and second[0]["content"] == "be verbose"
     llm.chat(tuple(messages))  # any sequence of messages will do
     assert backend.sent[2] == messages
+
+
+OVERLAP_CONFTEST = r"""
+import threading
+
+from pytest_evalreplay import Generation
+
+TOOL_SAVED = threading.Event()  # set by episode b once llm.tool returned (its result is journaled)
+
+
+class Model:
+    kind, model, batch_size = "overlap", "overlap-v1", None
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            turn = int(r.instance_id.rsplit("|t", 1)[1])
+            if r.instance_id.startswith("a|") and turn == 2:
+                # a's second turn takes until b's tool result is saved (or 5 s)
+                text = "overlapped" if TOOL_SAVED.wait(5) else "waited for the model"
+                out.append([Generation(text, finish_reason="stop")])
+            elif r.instance_id.startswith("b|") and turn == 1:
+                call = {"id": "c1", "type": "function", "function": {"name": "slow", "arguments": "{}"}}
+                out.append([Generation("", finish_reason="tool_calls", tool_calls=(call,))])
+            else:
+                out.append([Generation("next" if turn == 1 else "done", finish_reason="stop")])
+        return out
+
+
+def pytest_evalreplay_make_provider(config, kind):
+    return Model() if kind == "overlap" else None
+"""
+
+OVERLAP_AGENT = r"""
+import time
+
+import conftest
+from pytest_evalreplay import EvalTask
+from pytest_evalreplay.agent import tool_message
+
+
+def slow():
+    time.sleep(0.3)  # a's second turn is asked meanwhile, and goes alone
+    return "ok"
+
+
+def solve(instance, llm):
+    messages = [{"role": "user", "content": "go"}]
+    turn = llm.chat(messages)
+    messages.append(turn.message)
+    for call in turn.tool_calls:
+        messages.append(tool_message(call, llm.tool(call, slow)))
+        conftest.TOOL_SAVED.set()
+    messages.append({"role": "user", "content": "again"})
+    return llm.chat(messages).text
+
+
+overlap = EvalTask("overlap", [{"id": "a"}, {"id": "b"}], agent=solve, scorer=lambda text, i: 1.0)
+"""
+
+
+def test_a_tool_result_is_saved_while_the_model_generates_another_episodes_turn(pytester):
+    pytester.makeconftest(OVERLAP_CONFTEST)
+    pytester.makepyfile(test_overlap=OVERLAP_AGENT)
+    pytester.runpytest("--evalreplay-provider=overlap", "--evalreplay-output=run").assert_outcomes(passed=2)
+    rows = [
+        orjson.loads(line)
+        for line in (pytester.path / "run" / "overlap-transcripts.jsonl").read_bytes().splitlines()
+    ]
+    assert {r["instance_id"]: r["answer"] for r in rows} == {"a": "overlapped", "b": "done"}
