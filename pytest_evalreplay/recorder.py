@@ -60,9 +60,9 @@ class TaskRecorder:
     _known_providers: set[str] = field(default_factory=set)
     _prepared: bool = False
     _lock: NoFollowLock | None = None
-    # Held by each method that writes or decides from the index, so threads can
-    # share a recorder (an agent task's episodes and its turn batches) without
-    # one holding it while a provider generates.
+    # Held by add, flush, request_rows and provider_rows, so the threads of an
+    # agent task (its episodes and turn batches) share one recorder without one
+    # holding a lock while a provider generates.
     mutex: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def __post_init__(self) -> None:
