@@ -368,9 +368,10 @@ class EpisodeRunner:
             if isinstance(exc, ProviderExit):
                 stop.append(exc)
                 return  # the session stops: nothing of this episode is final
-            if not isinstance(exc, TurnFailed):
-                where = "llm.tool" if isinstance(exc, EvalReplayError) else "the agent"
-                episode.fail(f"{episode.name}: {where} raised {type(exc).__name__}: {exc}")
+            if isinstance(exc, EvalReplayError):  # llm.chat or llm.tool misused: the message names which
+                episode.fail(f"{episode.name}: {exc}")
+            elif not isinstance(exc, TurnFailed):
+                episode.fail(f"{episode.name}: the agent raised {type(exc).__name__}: {exc}")
         elif not isinstance(answer, str) and episode.failure is None:
             episode.fail(
                 f"{episode.name}: the agent returned {type(answer).__name__} {answer!r:.60}; "

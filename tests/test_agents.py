@@ -280,8 +280,18 @@ def test_messages_that_are_not_json_fail_the_episode_saying_so(project):
     result = project.runpytest("--evalreplay-output=run")
     result.assert_outcomes(failed=6)
     result.stdout.fnmatch_lines(
-        ["*llm.chat: the messages are not JSON (Type is not JSON serializable: object)*"]
+        ["*episode 'q0' rollout 0: llm.chat: the messages are not JSON (Type is not JSON serializable: *)*"]
     )
+
+
+def test_tools_that_are_not_json_fail_the_episode_naming_llm_chat(project):
+    project.makepyfile(test_sums=AGENT.replace("tools=[ADD]", "tools=[ADD, object()]"))
+    result = project.runpytest("--evalreplay-output=run")
+    result.assert_outcomes(failed=6)
+    result.stdout.fnmatch_lines(
+        ["*episode 'q0' rollout 0: llm.chat: tools are not JSON (*); give OpenAI tool schemas*"]
+    )
+    assert "llm.tool raised" not in result.stdout.str()
 
 
 class Recording:
