@@ -103,9 +103,7 @@ class Episode:
         try:
             rq = digest(content)  # the one serialization of what is sent, per turn
         except TypeError as exc:
-            raise EvalReplayError(
-                f"llm.chat: the messages are not JSON ({exc}); they are saved with the run"
-            ) from None
+            raise EvalReplayError(_not_json(exc, tools)) from None
         answer: Generation | Failure | str | None = None
         if runner.saved is not None:
             answer = runner.saved.turn(self.key, number, transcripts.sent(messages, tools, asked))
@@ -220,6 +218,15 @@ class Episode:
             completion_tokens=sum(t["completion_tokens"] or 0 for t in self.turns),
             metadata={"turns": len(self.turns), "tool_calls": len(self.tool_results)},
         )
+
+
+def _not_json(exc: TypeError, tools: list[Any]) -> str:
+    """Which part of a turn's request is not JSON (its sampling was checked before)."""
+    try:
+        orjson.dumps(tools)
+    except TypeError as bad:
+        return f"llm.chat: tools are not JSON ({bad}); give OpenAI tool schemas"
+    return f"llm.chat: the messages are not JSON ({exc}); they are saved with the run"
 
 
 def _reply(generation: Generation) -> dict[str, Any]:
