@@ -398,3 +398,14 @@ def test_a_tool_result_is_saved_while_the_model_generates_another_episodes_turn(
         for line in (pytester.path / "run" / "overlap-transcripts.jsonl").read_bytes().splitlines()
     ]
     assert {r["instance_id"]: r["answer"] for r in rows} == {"a": "overlapped", "b": "done"}
+
+
+@pytest.mark.slow
+def test_the_overhead_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("benchmarks.agent_overhead")
+    from benchmarks.agent_overhead import main
+
+    main(["--episodes", "20", "--turns", "3"])
+    out = capsys.readouterr().out
+    assert "20 episodes x 3 turns = 60 model turns" in out
+    assert "per turn :" in out and "floor    : each turn digested" in out and "goal     :" in out
