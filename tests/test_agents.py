@@ -270,27 +270,27 @@ def test_the_summary_counts_episodes_answered_from_the_journal_as_reused(project
     assert (doc["session"]["generated"], doc["session"]["reused"]) == (1, 5)
 
 
-def test_messages_that_are_not_json_fail_the_episode_saying_so(project):
-    project.makepyfile(
-        test_sums=AGENT.replace(
+@pytest.mark.parametrize(
+    ("old", "new", "line"),
+    [
+        (
             """+ {instance['b']}?"}]""",
             """+ {instance['b']}?", "x": object()}]""",
-        )
-    )
+            "llm.chat: the messages are not JSON (Type is not JSON serializable: *)*",
+        ),
+        (
+            "tools=[ADD]",
+            "tools=[ADD, object()]",
+            "llm.chat: tools are not JSON (*); give OpenAI tool schemas*",
+        ),
+    ],
+    ids=["messages", "tools"],
+)
+def test_a_turn_that_is_not_json_fails_the_episode_naming_llm_chat(project, old, new, line):
+    project.makepyfile(test_sums=AGENT.replace(old, new))
     result = project.runpytest("--evalreplay-output=run")
     result.assert_outcomes(failed=6)
-    result.stdout.fnmatch_lines(
-        ["*episode 'q0' rollout 0: llm.chat: the messages are not JSON (Type is not JSON serializable: *)*"]
-    )
-
-
-def test_tools_that_are_not_json_fail_the_episode_naming_llm_chat(project):
-    project.makepyfile(test_sums=AGENT.replace("tools=[ADD]", "tools=[ADD, object()]"))
-    result = project.runpytest("--evalreplay-output=run")
-    result.assert_outcomes(failed=6)
-    result.stdout.fnmatch_lines(
-        ["*episode 'q0' rollout 0: llm.chat: tools are not JSON (*); give OpenAI tool schemas*"]
-    )
+    result.stdout.fnmatch_lines([f"*episode 'q0' rollout 0: {line}"])
     assert "llm.tool raised" not in result.stdout.str()
 
 
