@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from scipy import optimize, special
 
-from pytest_evalreplay import elo
+from pytest_evalreplay.numbers.elo import fit as elo
 
 REFERENCES = {"ref1000": 1000.0, "ref1150": 1150.0, "ref1300": 1300.0, "ref1450": 1450.0, "ref1600": 1600.0}
 TRUTH = 1350.0

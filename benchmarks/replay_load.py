@@ -32,7 +32,7 @@ import orjson
 
 from pytest_evalreplay.model import Generation, Request
 from pytest_evalreplay.providers.replay import ReplayProvider
-from pytest_evalreplay.runschema import request_row_of
+from pytest_evalreplay.storage.runschema import request_row_of
 
 
 def write_run_dir(directory: Path, rows: int, files: int) -> int:

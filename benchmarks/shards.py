@@ -45,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scale_harness import PYTEST, child_env, eval_args, eval_project, expect_in, run_pytest, verdict, warm_up
 
-from pytest_evalreplay import journal
+from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.model import Generation
+from pytest_evalreplay.rundir.sharddir import merge_into
 from pytest_evalreplay.shard import shard_of
-from pytest_evalreplay.sharddir import merge_into
 
 SHARDS = 4
 BUSY_MS = 20.0

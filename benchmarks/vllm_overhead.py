@@ -134,7 +134,7 @@ def main() -> None:
     from vllm import SamplingParams
 
     from pytest_evalreplay.model import Request
-    from pytest_evalreplay.options import parse_engine_args
+    from pytest_evalreplay.plugin.options import parse_engine_args
     from pytest_evalreplay.providers.vllm import VllmProvider
 
     work = Path(tempfile.mkdtemp(prefix="evalreplay-bench-"))

@@ -8,7 +8,11 @@ when no evaluation runs.
 
 from __future__ import annotations
 
+import sys
+import warnings
 from importlib import import_module
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -48,6 +52,43 @@ _EXPORTS: dict[str, str] = {
     "StreamingProvider": "pytest_evalreplay.model",
 }
 _SUBMODULES = ("judges", "scorers")
+
+# Documented module paths from before the package was split by role
+# (docs/api.md): old path -> where it lives now. Importing an old path
+# gives the new module and a DeprecationWarning.
+_MOVED: dict[str, str] = {
+    "pytest_evalreplay.compare": "pytest_evalreplay.report.compare",
+    "pytest_evalreplay.compare_render": "pytest_evalreplay.report.compare_render",
+    "pytest_evalreplay.snapshot": "pytest_evalreplay.rundir.snapshot",
+    "pytest_evalreplay.stats": "pytest_evalreplay.numbers.stats",
+    "pytest_evalreplay.runschema": "pytest_evalreplay.storage.runschema",
+}
+
+
+class _MovedModule:
+    """Finder and loader of a moved path: the module is the new one, not a copy,
+    so `isinstance` checks and monkeypatches see one object."""
+
+    @staticmethod
+    def find_spec(fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        return ModuleSpec(fullname, _MovedModule) if fullname in _MOVED else None
+
+    @staticmethod
+    def create_module(spec: ModuleSpec) -> ModuleType:
+        new = _MOVED[spec.name]
+        warnings.warn(
+            f"{spec.name} moved to {new} (docs/api.md); import it from there",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return import_module(new)
+
+    @staticmethod
+    def exec_module(module: ModuleType) -> None:
+        """The new module ran when it was imported."""
+
+
+sys.meta_path.append(_MovedModule)  # type: ignore[arg-type]
 
 __all__ = [
     "EloEval",

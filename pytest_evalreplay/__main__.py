@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_evalreplay.compare import compare_run_dirs
-from pytest_evalreplay.compare_render import render_markdown, render_text
-from pytest_evalreplay.files import atomic_write
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.report.compare import compare_run_dirs
+from pytest_evalreplay.report.compare_render import render_markdown, render_text
+from pytest_evalreplay.storage.files import atomic_write
 
 PROG = "python -m pytest_evalreplay"
 
@@ -128,7 +128,7 @@ def merge_main(
     """Merge the shards' journals into OUT, then run the suite over OUT with
     --evalreplay-no-generate: the run dir written as every run writes it,
     nothing generated, the gates judged. Exit status: pytest's."""
-    from pytest_evalreplay.sharddir import merge_into
+    from pytest_evalreplay.rundir.sharddir import merge_into
 
     try:
         merged = merge_into(out, shards, suite_given=pytest_args is not None)

@@ -9,7 +9,6 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_evalreplay import passk
 from pytest_evalreplay.choices import Choices, gold_index
 from pytest_evalreplay.execution import run_requests
 from pytest_evalreplay.formats.instances import load_instances
@@ -25,6 +24,7 @@ from pytest_evalreplay.model import (
     aggregate,
     request_digest,
 )
+from pytest_evalreplay.numbers import passk
 from pytest_evalreplay.prompting import render_prompt, validate_sampling, validate_task_name
 from pytest_evalreplay.rubric import Graded
 from pytest_evalreplay.scorers import (

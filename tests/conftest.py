@@ -19,7 +19,7 @@ import pytest
 import scipy.special
 import scipy.stats  # noqa: F401
 
-import pytest_evalreplay.items  # noqa: F401
+import pytest_evalreplay.plugin.items  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).parent))
 

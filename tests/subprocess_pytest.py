@@ -7,7 +7,16 @@ from __future__ import annotations
 import os
 import sys
 
-PYTEST = [sys.executable, "-B", "-m", "pytest", "-p", "pytest_evalreplay.plugin", "-p", "no:cacheprovider"]
+PYTEST = [
+    sys.executable,
+    "-B",
+    "-m",
+    "pytest",
+    "-p",
+    "pytest_evalreplay.plugin.hooks",
+    "-p",
+    "no:cacheprovider",
+]
 
 # The outer session's options, its xdist worker id and GitHub's step summary.
 _OUTER = ("PYTEST_ADDOPTS", "PYTEST_XDIST_", "GITHUB_STEP_SUMMARY")

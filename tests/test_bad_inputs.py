@@ -16,10 +16,10 @@ import pytest
 from unreadable import Unreadable
 
 from pytest_evalreplay import EvalReplayError, GenerationError, Request
-from pytest_evalreplay.baseline import read as read_baseline
 from pytest_evalreplay.formats import load
 from pytest_evalreplay.providers.replay import ReplayProvider
-from pytest_evalreplay.runschema import request_row_of
+from pytest_evalreplay.rundir.baseline import read as read_baseline
+from pytest_evalreplay.storage.runschema import request_row_of
 
 
 def dump(*rows: Any) -> bytes:

@@ -17,18 +17,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_evalreplay.__main__ import main
-from pytest_evalreplay.compare import (
+from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.numbers.stats import instance_interval, paired_test
+from pytest_evalreplay.report.compare import (
     RunSnapshot,
     TaskSnapshot,
     compare_run_dirs,
     compare_runs,
     compare_with_saved,
 )
-from pytest_evalreplay.compare_render import md_escape, render_markdown, render_text
-from pytest_evalreplay.model import EvalReplayError
-from pytest_evalreplay.snapshot import load_run_dir
+from pytest_evalreplay.report.compare_render import md_escape, render_markdown, render_text
+from pytest_evalreplay.rundir.snapshot import load_run_dir
 from pytest_evalreplay.snippets import prompt_line, shorten
-from pytest_evalreplay.stats import instance_interval, paired_test
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -528,7 +528,7 @@ def _elo_run_pair(tmp_path: Path) -> tuple[Path, Path]:
     verdicts to losses and q-arith-08's to wins (its rating refitted to match)."""
     import shutil
 
-    from pytest_evalreplay.elo import fit_elo, table_from_json
+    from pytest_evalreplay.numbers.elo.fit import fit_elo, table_from_json
 
     base, new = tmp_path / "base", tmp_path / "new"
     shutil.copytree(REPO / "examples" / "saved_run", base)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_evalreplay.progress import ProgressSnapshot, TerminalProgress, progress_line
+from pytest_evalreplay.report.progress import ProgressSnapshot, TerminalProgress, progress_line
 
 BUSY = ProgressSnapshot(
     task="gsm8k_cot_zeroshot_llama",

@@ -15,10 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import optimize, special
 
-from pytest_evalreplay import elo, elo_bootstrap, elo_solve
-from pytest_evalreplay.elo import EloFit, fit_elo
-from pytest_evalreplay.elo_table import Judgment, JudgmentTable, ReferenceCounts, tabulate
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.numbers.elo import bootstrap as elo_bootstrap
+from pytest_evalreplay.numbers.elo import fit as elo
+from pytest_evalreplay.numbers.elo import solve as elo_solve
+from pytest_evalreplay.numbers.elo.fit import EloFit, fit_elo
+from pytest_evalreplay.numbers.elo.table import Judgment, JudgmentTable, ReferenceCounts, tabulate
 
 REFS = {"r1000": 1000.0, "r1150": 1150.0, "r1300": 1300.0, "r1450": 1450.0, "r1600": 1600.0}
 NAMES = sorted(REFS)

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from pytest_evalreplay import elo
-from pytest_evalreplay.elo import choose_references, cumulative_fits, fit_elo
-from pytest_evalreplay.elo_table import Judgment, tabulate
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.numbers.elo import fit as elo
+from pytest_evalreplay.numbers.elo.fit import choose_references, cumulative_fits, fit_elo
+from pytest_evalreplay.numbers.elo.table import Judgment, tabulate
 from pytest_evalreplay.stages import draw_stage_tasks
 
 POOL = [f"q{i:03d}" for i in range(50)]

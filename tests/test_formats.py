@@ -19,7 +19,7 @@ from pytest_evalreplay import EvalReplayError, EvalTask, GenerationError, Reques
 from pytest_evalreplay.formats import lm_eval, load, native, olmo_eval
 from pytest_evalreplay.formats.saved import IndexBuilder, split_lines
 from pytest_evalreplay.providers.replay import ReplayProvider
-from pytest_evalreplay.runschema import request_row_of
+from pytest_evalreplay.storage.runschema import request_row_of
 
 
 def jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:

@@ -12,10 +12,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_evalreplay import journal
-from pytest_evalreplay.journalindex import JournalIndex
+from pytest_evalreplay.journal import rows as journal
+from pytest_evalreplay.journal.index import JournalIndex
+from pytest_evalreplay.journal.stagelog import StageLog
 from pytest_evalreplay.model import EvalReplayError, Failure, Generation
-from pytest_evalreplay.stagelog import StageLog
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

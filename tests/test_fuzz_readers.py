@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_evalreplay import EvalReplayError, Generation, GenerationError, Request
-from pytest_evalreplay.baseline import read as read_baseline
 from pytest_evalreplay.formats import lm_eval, olmo_eval
 from pytest_evalreplay.formats.instances import load_instances
 from pytest_evalreplay.providers.replay import ReplayProvider
+from pytest_evalreplay.rundir.baseline import read as read_baseline
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -7,12 +7,12 @@ import math
 import pytest
 
 from pytest_evalreplay import Gate
-from pytest_evalreplay.baseline import read, update
-from pytest_evalreplay.compare import RunSnapshot, TaskSnapshot, compare_runs
-from pytest_evalreplay.compare_render import render_text
-from pytest_evalreplay.gates import BaselineTask, PairedDrop, evaluate
 from pytest_evalreplay.model import EvalReplayError
-from pytest_evalreplay.stats import paired_test
+from pytest_evalreplay.numbers.gates import BaselineTask, PairedDrop, evaluate
+from pytest_evalreplay.numbers.stats import paired_test
+from pytest_evalreplay.report.compare import RunSnapshot, TaskSnapshot, compare_runs
+from pytest_evalreplay.report.compare_render import render_text
+from pytest_evalreplay.rundir.baseline import read, update
 
 
 def judge(gate, scores, baseline=None, failed=0, budget=0.0):

@@ -8,10 +8,10 @@ import os
 import orjson
 import pytest
 
-from pytest_evalreplay import journal
-from pytest_evalreplay.files import append_durably, atomic_write
-from pytest_evalreplay.journalindex import JournalIndex
+from pytest_evalreplay.journal import rows as journal
+from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.model import EvalReplayError, Failure, Generation, digest
+from pytest_evalreplay.storage.files import append_durably, atomic_write
 
 
 def write(tmp_path, rows, task="t", header=True):
@@ -247,7 +247,7 @@ def _mixed_rows(n: int) -> list[list[dict]]:
 
 
 def test_rows_a_recorder_writes_index_as_a_fresh_read_of_the_file_would(tmp_path):
-    from pytest_evalreplay.recorder import TaskRecorder
+    from pytest_evalreplay.journal.recorder import TaskRecorder
 
     recorder = TaskRecorder(tmp_path, "t", "r1", reset=False)
     for rows in _mixed_rows(1):
@@ -259,7 +259,7 @@ def test_rows_a_recorder_writes_index_as_a_fresh_read_of_the_file_would(tmp_path
 
 
 def test_rows_another_process_wrote_in_between_are_read_before_this_ones(tmp_path):
-    from pytest_evalreplay.recorder import TaskRecorder
+    from pytest_evalreplay.journal.recorder import TaskRecorder
 
     recorder = TaskRecorder(tmp_path, "t", "r1", reset=False)
     recorder.add(_mixed_rows(1)[1])

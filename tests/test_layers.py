@@ -141,7 +141,7 @@ def test_no_import_cycles() -> None:
 # sit below everything but the data model: they read the resolved settings,
 # the request/generation types, the saved-run readers (replay) and the
 # fingerprint of a path; nothing of the session or the pytest-facing layer.
-PROVIDER_MAY_IMPORT = ("settings", "model", "fingerprint", "runschema", "rowfields", "formats", "providers")
+PROVIDER_MAY_IMPORT = ("settings", "model", "fingerprint", "storage", "formats", "providers")
 PYTEST_FREE = ("settings.py", "model.py", "task.py", "providers", "formats")
 
 

@@ -9,11 +9,11 @@ from typing import Any
 import orjson
 import pytest
 
-from pytest_evalreplay import journal
-from pytest_evalreplay.merge import ShardDir, merge
+from pytest_evalreplay.journal import rows as journal
+from pytest_evalreplay.journal.stagelog import planned_row
 from pytest_evalreplay.model import EvalReplayError, Generation
-from pytest_evalreplay.sharddir import suite_args
-from pytest_evalreplay.stagelog import planned_row
+from pytest_evalreplay.rundir.merge import ShardDir, merge
+from pytest_evalreplay.rundir.sharddir import suite_args
 
 CONFIG = {"requests": "r", "items": 4, "provider": "p", "kind": "echo", "model": "m1", "stages": []}
 

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_evalreplay import elo, elo_bootstrap
-from pytest_evalreplay.elo import compare_ratings, fit_elo
-from pytest_evalreplay.elo_bootstrap import bootstrap_ratings
-from pytest_evalreplay.elo_table import JudgmentTable, tabulate
+from pytest_evalreplay.numbers.elo import bootstrap as elo_bootstrap
+from pytest_evalreplay.numbers.elo import fit as elo
+from pytest_evalreplay.numbers.elo.bootstrap import bootstrap_ratings
+from pytest_evalreplay.numbers.elo.fit import compare_ratings, fit_elo
+from pytest_evalreplay.numbers.elo.table import JudgmentTable, tabulate
 
 REFS = {"r1000": 1000.0, "r1200": 1200.0, "r1400": 1400.0, "r1600": 1600.0}
 N_BOOT = 4000

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from subprocess_pytest import PYTEST, child_env
 
-from pytest_evalreplay.journalindex import JournalIndex
+from pytest_evalreplay.journal.index import JournalIndex
 
 CONFTEST = """
 import os, signal

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_evalreplay import journal, planning
-from pytest_evalreplay.journalindex import JournalIndex
+from pytest_evalreplay.journal import rows as journal
+from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.model import Failure, Generation
+from pytest_evalreplay.numbers import planning
 
 KEY = (1, "q0", 0)
 RQ, PV = "rq1", "pv1"

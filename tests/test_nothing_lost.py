@@ -180,9 +180,10 @@ def test_plain_runs_regenerate_everything_and_the_journal_stays_bounded(tmp_path
 
 def test_the_header_count_of_what_resume_would_reuse(tmp_path: Path):
     """Case 2: a plain run says when the output dir holds an unfinished run."""
-    from pytest_evalreplay import journal, planning
-    from pytest_evalreplay.journalindex import JournalIndex
+    from pytest_evalreplay.journal import rows as journal
+    from pytest_evalreplay.journal.index import JournalIndex
     from pytest_evalreplay.model import Generation
+    from pytest_evalreplay.numbers import planning
 
     def index_with(tmp: Path, iids: list[str]) -> JournalIndex:
         rows = [journal.header_row("t", "r1")]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pytest_evalreplay import EvalReplayError
-from pytest_evalreplay.files import NoFollowLock, own_dir
-from pytest_evalreplay.rundir import CACHEDIR_TAG, prepare_output_dir
+from pytest_evalreplay.rundir.writer import CACHEDIR_TAG, prepare_output_dir
+from pytest_evalreplay.storage.files import NoFollowLock, own_dir
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -213,8 +213,8 @@ def test_a_task_s_stale_temporaries_are_its_own_files_only(tmp_path: Path) -> No
     lock) while another writes `math-judge`'s files (under the judge's lock):
     the first must not remove the second's temporary files as stale, or that
     rename fails ("run dir not written: ...: No such file or directory")."""
-    from pytest_evalreplay.rundir import remove_stale_temporaries
-    from pytest_evalreplay.runschema import task_files
+    from pytest_evalreplay.rundir.writer import remove_stale_temporaries
+    from pytest_evalreplay.storage.runschema import task_files
 
     judge_tmp = tmp_path / ".math-judge-requests.jsonl.ab12cd34.tmp"
     judge_tmp.write_bytes(b"in use")

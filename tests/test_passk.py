@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_evalreplay import passk
+from pytest_evalreplay.numbers import passk
 
 
 def closed_form(n: int, c: int, k: int) -> Fraction:

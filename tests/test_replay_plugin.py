@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from pytest_evalreplay import Request
-from pytest_evalreplay.runschema import request_row_of
+from pytest_evalreplay.storage.runschema import request_row_of
 
 EVALS = """
 from pytest_evalreplay import EvalTask

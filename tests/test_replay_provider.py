@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from pytest_evalreplay import EvalReplayError, EvalTask, Generation, GenerationError, Request
 from pytest_evalreplay.providers import make_builtin
 from pytest_evalreplay.providers.replay import ReplayProvider, from_settings
-from pytest_evalreplay.runschema import request_row_of
 from pytest_evalreplay.settings import Settings
+from pytest_evalreplay.storage.runschema import request_row_of
 
 
 def jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:

@@ -13,12 +13,12 @@ import orjson
 import pytest
 
 from pytest_evalreplay import EvalReplayError, EvalTask, Generation, Request
-from pytest_evalreplay.journal import journal_path
-from pytest_evalreplay.journalindex import JournalIndex
-from pytest_evalreplay.metrics import ItemOutcome, TaskOutcome
+from pytest_evalreplay.journal.index import JournalIndex
+from pytest_evalreplay.journal.rows import journal_path
+from pytest_evalreplay.numbers.metrics import ItemOutcome, TaskOutcome
 from pytest_evalreplay.providers.replay import ReplayProvider
-from pytest_evalreplay.rundir import write_task
-from pytest_evalreplay.runschema import SAVED_SAMPLING, request_row_of
+from pytest_evalreplay.rundir.writer import write_task
+from pytest_evalreplay.storage.runschema import SAVED_SAMPLING, request_row_of
 
 SAVED = {"temperature": 0.7, "max_tokens": 32}
 NOW = {"temperature": 0.0, "max_tokens": 4}
@@ -155,7 +155,7 @@ def test_a_journal_without_its_request_rows_is_refused_naming_the_line(pytester:
 
 
 def journal_with(tmp_path: Path, items: list[dict[str, Any]]) -> JournalIndex:
-    from pytest_evalreplay import journal
+    from pytest_evalreplay.journal import rows as journal
 
     header = journal.header_row("t", "r1")
     journal_path(tmp_path, "t").write_bytes(journal.encode([header, *items]))
@@ -171,7 +171,7 @@ def outcome_of(index: JournalIndex) -> TaskOutcome:
 
 @pytest.mark.parametrize("missing", ["request", "provider"])
 def test_writing_the_run_dir_refuses_a_gen_whose_rows_are_gone(tmp_path: Path, missing: str) -> None:
-    from pytest_evalreplay import journal
+    from pytest_evalreplay.journal import rows as journal
 
     items = [
         journal.provider_row("pv1", {"kind": "k"}),
@@ -187,7 +187,7 @@ def test_writing_the_run_dir_refuses_a_gen_whose_rows_are_gone(tmp_path: Path, m
 
 
 def test_the_run_dir_writes_the_saved_sampling_of_a_replayed_generation(tmp_path: Path) -> None:
-    from pytest_evalreplay import journal
+    from pytest_evalreplay.journal import rows as journal
 
     made = Generation("A", metadata={SAVED_SAMPLING: SAVED, "other": 1})
     index = journal_with(

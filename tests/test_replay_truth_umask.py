@@ -14,7 +14,7 @@ import os
 calls = []
 real = os.umask
 os.umask = lambda mask: calls.append(mask) or real(mask)
-import pytest_evalreplay.files, pytest_evalreplay.plugin
+import pytest_evalreplay.storage.files, pytest_evalreplay.plugin.hooks
 print(calls)
 """
 

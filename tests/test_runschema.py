@@ -12,8 +12,9 @@ import pytest
 
 from pytest_evalreplay.formats import load
 from pytest_evalreplay.model import EvalReplayError, Request
-from pytest_evalreplay.rundir import write_manifest
-from pytest_evalreplay.runschema import (
+from pytest_evalreplay.rundir.snapshot import load_run_dir
+from pytest_evalreplay.rundir.writer import write_manifest
+from pytest_evalreplay.storage.runschema import (
     FORMAT,
     REQUEST_FIELDS,
     prediction_row,
@@ -23,7 +24,6 @@ from pytest_evalreplay.runschema import (
     rollouts_of,
     task_files,
 )
-from pytest_evalreplay.snapshot import load_run_dir
 
 
 def test_a_requests_row_has_the_six_fields_in_order_and_extras_only_when_set() -> None:

@@ -17,7 +17,7 @@ pytest.importorskip("xdist")  # a test extra; the plugin uses the scheduler only
 
 from xdist.remote import Producer
 
-from pytest_evalreplay.scheduling import (
+from pytest_evalreplay.plugin.scheduling import (
     MIN_CHUNKS_PER_WORKER,
     UNGROUPED,
     ChunkScheduling,

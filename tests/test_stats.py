@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from pytest_evalreplay.stats import (
+from pytest_evalreplay.numbers.stats import (
     Interval,
     clustered_interval,
     instance_interval,
@@ -257,7 +257,7 @@ def test_a_constant_shift_is_the_mean_difference(base_values, shift):
 
 
 def test_a_change_that_is_not_a_finite_number_is_said_in_words_never_nan() -> None:
-    from pytest_evalreplay.stats import PairedTest
+    from pytest_evalreplay.numbers.stats import PairedTest
 
     test = PairedTest(
         name="paired t-test",

@@ -108,8 +108,8 @@ def test_killing_the_controller_stops_its_workers_and_a_resume_never_runs_beside
 
 
 def test_a_worker_claim_makes_a_new_session_wait_then_refuse(tmp_path, monkeypatch):
-    from pytest_evalreplay import rundir
     from pytest_evalreplay.model import EvalReplayError
+    from pytest_evalreplay.rundir import writer as rundir
 
     monkeypatch.setattr(rundir, "WORKERS_GONE_WAIT", 0.3)
     old = rundir.SessionLock(tmp_path, "old")
@@ -126,11 +126,11 @@ def test_a_worker_claim_makes_a_new_session_wait_then_refuse(tmp_path, monkeypat
 
 
 def test_a_worker_stops_when_its_controller_is_gone():
-    from pytest_evalreplay.distributed import EXIT_ORPHANED
+    from pytest_evalreplay.plugin.distributed import EXIT_ORPHANED
 
     script = (
         "import os, sys, time\n"
-        "from pytest_evalreplay.distributed import watch_controller\n"
+        "from pytest_evalreplay.plugin.distributed import watch_controller\n"
         "watch_controller(int(sys.argv[1]), interval=0.02)\n"
         "time.sleep(30)\n"
     )

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import stdtr, stdtrit
 
-from pytest_evalreplay.stats import t_interval
-from pytest_evalreplay.student_t import t_quantile
+from pytest_evalreplay.numbers.stats import t_interval
+from pytest_evalreplay.numbers.student_t import t_quantile
 
 dfs = st.one_of(st.integers(1, 60), st.integers(1, 10**6))
 tails = st.floats(1e-12, 0.499)

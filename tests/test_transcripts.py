@@ -13,8 +13,8 @@ import orjson
 import pytest
 from agent_project import AGENT, CONFTEST, INI
 
+from pytest_evalreplay.journal.transcripts import SavedEpisodes, compact_turn, turn_messages
 from pytest_evalreplay.model import EvalReplayError
-from pytest_evalreplay.transcripts import SavedEpisodes, compact_turn, turn_messages
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DATA = Path(__file__).resolve().parent / "data"

@@ -149,7 +149,7 @@ def test_a_narrowed_resume_shows_the_same_number_in_summary_gate_and_metrics(pyt
 
 
 def test_a_second_session_on_the_same_output_dir_is_refused_naming_the_holder(pytester, project):
-    from pytest_evalreplay.rundir import SessionLock
+    from pytest_evalreplay.rundir.writer import SessionLock
 
     project.make()
     (pytester.path / "run").mkdir()

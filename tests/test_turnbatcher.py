@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from pytest_evalreplay import turnbatcher
 from pytest_evalreplay.agent import TurnFailed
 from pytest_evalreplay.model import Generation, Request
-from pytest_evalreplay.turnbatcher import WINDOW, TurnBatcher
+from pytest_evalreplay.run import turnbatcher
+from pytest_evalreplay.run.turnbatcher import WINDOW, TurnBatcher
 
 
 def request(n: int) -> Request:

@@ -12,9 +12,9 @@ import gc
 import os
 from pathlib import Path
 
-from pytest_evalreplay.files import os_error
 from pytest_evalreplay.formats.saved import IndexBuilder, SavedIndex, listable
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.storage.files import os_error
 
 WHAT_CAN_BE_READ = (
     "a run dir (<task>-predictions.jsonl beside <task>-requests.jsonl), one "

@@ -38,7 +38,7 @@ import orjson
 from pytest_evalreplay.formats import chat
 from pytest_evalreplay.formats.saved import IndexBuilder, SavedRow, index_key, list_dir, malformed_at
 from pytest_evalreplay.model import Context, EvalReplayError, Generation
-from pytest_evalreplay.rowfields import described, optional_string, token_count
+from pytest_evalreplay.storage.rowfields import described, optional_string, token_count
 
 LAYOUT = "inspect-ai"
 SUFFIX = ".eval"

@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from pytest_evalreplay.files import os_error, read_bytes
 from pytest_evalreplay.model import EvalReplayError, Generation, loglikelihoods_problem
-from pytest_evalreplay.rowfields import bad_field, not_an_object, optional_string, token_count
+from pytest_evalreplay.storage.files import os_error, read_bytes
+from pytest_evalreplay.storage.rowfields import bad_field, not_an_object, optional_string, token_count
 
 BOM = b"\xef\xbb\xbf"
 

@@ -40,7 +40,6 @@ from typing import Any
 
 import orjson
 
-from pytest_evalreplay.files import read_bytes
 from pytest_evalreplay.formats import chat
 from pytest_evalreplay.formats.saved import (
     IndexBuilder,
@@ -55,6 +54,7 @@ from pytest_evalreplay.formats.saved import (
     split_lines,
 )
 from pytest_evalreplay.model import Context, EvalReplayError, Generation
+from pytest_evalreplay.storage.files import read_bytes
 
 LAYOUT = "lm-eval"
 SAMPLES = re.compile(r"samples_(?P<task>.+)_(?P<date>\d{4}-\d\d-\d\dT[0-9.\-]+)\.jsonl(?:\.gz)?")

@@ -41,7 +41,6 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from pytest_evalreplay.files import os_error, read_bytes
 from pytest_evalreplay.formats.saved import (
     BOM,
     OWN_LAYOUT,
@@ -59,8 +58,9 @@ from pytest_evalreplay.formats.saved import (
     split_lines,
 )
 from pytest_evalreplay.model import EvalReplayError, show
-from pytest_evalreplay.rowfields import bad_field, not_an_object
-from pytest_evalreplay.runschema import (
+from pytest_evalreplay.storage.files import os_error, read_bytes
+from pytest_evalreplay.storage.rowfields import bad_field, not_an_object
+from pytest_evalreplay.storage.runschema import (
     JUDGE_PREDICTIONS_SUFFIX,
     MANIFEST,
     PREDICTIONS_SUFFIX,

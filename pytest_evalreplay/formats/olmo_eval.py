@@ -69,7 +69,7 @@ from pytest_evalreplay.formats.saved import (
     token_count,
 )
 from pytest_evalreplay.model import EvalReplayError, Generation, show
-from pytest_evalreplay.rowfields import optional_string
+from pytest_evalreplay.storage.rowfields import optional_string
 
 PREDICTIONS_SUFFIX = "-predictions.jsonl"
 REQUESTS_SUFFIX = "-requests.jsonl"

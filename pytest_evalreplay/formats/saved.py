@@ -44,7 +44,7 @@ from pytest_evalreplay.formats.jsonl import (
     split_lines,
 )
 from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, show
-from pytest_evalreplay.rowfields import bad_field, not_an_object, token_count
+from pytest_evalreplay.storage.rowfields import bad_field, not_an_object, token_count
 
 # The readers' shared helpers live in `formats.jsonl` and `rowfields`; they are named here too,
 # where the readers have always imported them from.

@@ -32,8 +32,8 @@ from pytest_evalreplay.model import (
     Request,
     show,
 )
-from pytest_evalreplay.runschema import SAVED_SAMPLING
 from pytest_evalreplay.settings import Settings
+from pytest_evalreplay.storage.runschema import SAVED_SAMPLING
 
 
 @dataclass(frozen=True)

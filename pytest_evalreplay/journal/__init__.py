@@ -1,0 +1,1 @@
+"""The journal: its rows, its index, the writer, agent turns and ELO stage records."""

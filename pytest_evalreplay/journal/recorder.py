@@ -1,0 +1,317 @@
+"""One task's recorder: its journal (written through under the task lock,
+compacted once per plain run) and the run dir files written from it.
+
+Every answer reaches the journal file the moment it arrives: `add` writes a
+generation's rows (and a failure's, a stage record's) with one write(2) under
+the task lock, so a killed process loses only what was in flight at the
+provider, and `--resume` asks only for that. fsync is grouped (it guards
+against power loss, not a kill): a background thread syncs within half a
+second of a write, and `flush` syncs at once. Score rows alone are buffered
+(a few hundred, or half a second) and go with the next write: a crash only
+means they are computed again.
+
+Nothing but `--evalreplay-reset` discards a saved result. A run without
+`--resume` appends its generations after the older ones (it reuses none);
+before its first write it compacts the journal once, keeping per item the
+newest generation (and failure) of each request and provider, so repeated
+plain runs keep at most two generations of each, and `--resume` still finds
+every result it could use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pytest_evalreplay.journal import rows as journal
+from pytest_evalreplay.journal.index import JournalIndex
+from pytest_evalreplay.journal.rows import RolloutKey
+from pytest_evalreplay.model import Failure, Generation
+from pytest_evalreplay.storage.files import NoFollowLock, atomic_write, own_dir, read_bytes
+from pytest_evalreplay.storage.runschema import LOCKS_DIR, remove_task_files
+
+GROUP_ROWS = 256
+GROUP_SECONDS = 0.5
+
+
+@dataclass
+class TaskRecorder:
+    """Journal and run dir of one task, for one session (one process)."""
+
+    directory: Path
+    task: str
+    run: str
+    reset: bool  # discard what the journal holds, once per run, at the first write
+    limit: int | None = None  # the resume snapshot: read no further at collection
+    compact: bool = False  # drop superseded rows, once per run, at the first write
+    index: JournalIndex = field(init=False)
+    path: Path = field(init=False)
+    _buffer: list[dict[str, Any]] = field(default_factory=list)
+    _first_unsaved: float | None = None
+    _known_requests: set[str] = field(default_factory=set)
+    _known_providers: set[str] = field(default_factory=set)
+    _prepared: bool = False
+    _lock: NoFollowLock | None = None
+    # Held by add, flush, request_rows and provider_rows, so the threads of an
+    # agent task (its episodes and turn batches) share one recorder without one
+    # holding a lock while a provider generates.
+    mutex: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.path = journal.journal_path(self.directory, self.task)
+        self.index = JournalIndex(self.path, self.task)
+
+    # -- locks -----------------------------------------------------------------
+
+    def locked(self) -> NoFollowLock:
+        """The task lock (`with recorder.locked():`): held briefly by every
+        write, refresh-before-decide and finalize."""
+        if self._lock is None:
+            self._lock = journal.task_lock(self.directory, self.task)
+        return self._lock
+
+    @contextmanager
+    def chunk_locked(self, chunk: int | str) -> Iterator[None]:
+        """Held while generating a chunk, so one process of a run generates it;
+        the others wait, then read its rows from the journal. Neither the
+        locks folder nor a lock file in it is ever a link."""
+        locks = own_dir(self.directory / LOCKS_DIR)
+        with NoFollowLock(locks / f"{self.task}.{chunk}.lock"):
+            yield
+
+    def done_in_this_run(self, unit: str) -> bool:
+        """Whether a process of this run finished `unit` (a whole stage, say)
+        that left nothing new in the journal to tell by (call under its lock)."""
+        try:
+            return self._done_path(unit).read_bytes() == self.run.encode()
+        except OSError:
+            return False
+
+    def mark_done(self, unit: str) -> None:
+        """Record that this run finished `unit` (see `done_in_this_run`)."""
+        atomic_write(self._done_path(unit), self.run.encode())
+
+    def _done_path(self, unit: str) -> Path:
+        return own_dir(self.directory / LOCKS_DIR) / f"{self.task}.{unit}.done"
+
+    # -- reading -----------------------------------------------------------------
+
+    def read_snapshot(self) -> JournalIndex:
+        """The journal as it stood when the session started (for resume decisions)."""
+        self.index.refresh(self.limit)
+        return self.index
+
+    def refresh(self) -> JournalIndex:
+        """Catch up with the journal (call under the task lock)."""
+        self.index.refresh()
+        return self.index
+
+    # -- writing -----------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        """Before the first write of this process: reset the journal once per
+        run when asked (xdist peers of the run share the run id in its header),
+        compact it once per run when asked, or give a new journal its header."""
+        if self._prepared:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        header = self.index.header
+        if self.reset and (header is None or header.get("run") != self.run):
+            if _header_run(self.path) != self.run:
+                journal.start_fresh(self.directory, self.task, self.run)
+                remove_task_files(self.directory, self.task)
+                self.index.reset()
+        elif self.compact and _header_run(self.path) != self.run:
+            self.index.refresh()
+            if superseded(self.index, self.run):
+                compact_journal(self.path, self.task, self.run)
+                self.index.refresh()  # a new file: read afresh
+        journal.ensure_header(self.directory, self.task, self.run)
+        if self.index.file_id is None:
+            self.index.refresh()  # a new journal: its header, so this process's rows index as written
+        self._prepared = True
+
+    def add(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Write rows to the journal file at once, under the task lock; rows
+        that are only scores wait for a group (or the next write, or `flush`)."""
+        if not rows:
+            return
+        with self.mutex:
+            self._buffer.extend(rows)
+            if any(row["type"] != "score" for row in rows):
+                self._write()
+                return
+            if self._first_unsaved is None:
+                self._first_unsaved = time.monotonic()
+            if len(self._buffer) >= GROUP_ROWS or time.monotonic() - self._first_unsaved >= GROUP_SECONDS:
+                self._write()
+
+    def _write(self) -> None:
+        with self.locked():
+            self._append_buffer()
+
+    def _append_buffer(self) -> None:
+        """Write the buffered rows in one write (the caller holds the task lock)."""
+        self._prepare()
+        if self._buffer:
+            lines = journal.encoded_lines(self._buffer)
+            at = journal.append_durably(self.path, b"".join(lines))
+            self.index.note_written(self._buffer, lines, at)
+            self._buffer.clear()
+        self._first_unsaved = None
+
+    def flush(self) -> None:
+        """Write what is buffered, fsync what this process wrote, and catch up."""
+        with self.mutex, self.locked():
+            self._append_buffer()
+            journal.sync(self.path)
+            self.index.refresh()
+
+    def request_rows(self, rq: str, content: Mapping[str, Any]) -> list[dict[str, Any]]:
+        with self.mutex:
+            if rq in self._known_requests or rq in self.index.requests:
+                return []
+            self._known_requests.add(rq)
+        return [journal.request_row(rq, content)]
+
+    def provider_rows(self, pv: str, identity: Mapping[str, Any]) -> list[dict[str, Any]]:
+        with self.mutex:
+            if pv in self._known_providers or pv in self.index.providers:
+                return []
+            self._known_providers.add(pv)
+        return [journal.provider_row(pv, identity)]
+
+    def gen(self, key: RolloutKey, rq: str, pv: str, generation: Generation) -> dict[str, Any]:
+        return journal.gen_row(key, rq, pv, self.run, generation)
+
+    def fail(self, failure: Failure, rq: str, pv: str) -> dict[str, Any]:
+        return journal.fail_row(failure, rq, pv, self.run)
+
+    def score(
+        self,
+        key: RolloutKey,
+        of: str,
+        scores: Mapping[str, float] | None,
+        error: str | None,
+        judgments: Mapping[str, Sequence[float]] | None = None,
+        no_answer: Sequence[str] = (),
+        unreadable: int = 0,
+    ) -> list[dict[str, Any]]:
+        """A score row, unless the journal already holds these very scores for that generation."""
+        prior = self.index.scores.get((key, of))
+        if (
+            prior is not None
+            and prior.error == error
+            and prior.scores == (dict(scores) if scores is not None and error is None else None)
+            and (prior.judgments or None)
+            == ({k: tuple(v) for k, v in judgments.items()} if judgments else None)
+            and prior.no_answer == tuple(no_answer)
+            and prior.unreadable == unreadable
+        ):
+            return []
+        return [journal.score_row(key, of, self.run, scores, error, judgments, no_answer, unreadable)]
+
+
+def _header_run(path: Path) -> str | None:
+    try:
+        with path.open("rb") as fh:
+            first = fh.readline()
+    except OSError:
+        return None
+    try:
+        row = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return None
+    return row.get("run") if isinstance(row, dict) else None
+
+
+# -- compaction -------------------------------------------------------------------------
+
+
+def superseded(index: JournalIndex, run: str) -> int:
+    """How many generations and failures of earlier runs a newer one of the
+    same item, request and provider supersedes: what a compaction drops. The
+    rows of `run` itself are left out, so once this run has written, its
+    xdist peers find nothing to compact."""
+    n = 0
+    for refs in (*index.gens.values(), *index.fails.values()):
+        older = [(r.request, r.provider) for r in refs if r.run != run]
+        n += len(older) - len(set(older))
+    return n
+
+
+def kept_lines(rows: Sequence[dict[str, Any] | None]) -> list[int]:
+    """The positions of the rows a compaction keeps, in order: per item, the
+    newest generation and the newest failure of each request and provider;
+    the newest scores of each kept generation; the first request and provider
+    row of each digest they name; the first seed record, each stage's newest
+    plan and the newest matching `complete` after it. The order is kept, so
+    every newest-wins rule of `JournalIndex` and `StageLog` reads the same.
+    The header (`None` rows too) is dropped: the caller writes a new one."""
+    keep: set[int] = set()
+    gens: set[tuple[Any, ...]] = set()
+    fails: set[tuple[Any, ...]] = set()
+    runs: dict[tuple[Any, ...], set[str]] = {}
+    scores: dict[tuple[Any, ...], int] = {}
+    named: set[tuple[str, str]] = set()
+    first: dict[tuple[str, str], int] = {}
+    for i in range(len(rows) - 1, -1, -1):  # newest first
+        row = rows[i]
+        kind = row.get("type") if row is not None else None
+        if kind == "gen":
+            key = (row["stage"], row["instance_id"], row["rollout"])
+            if (key, row["request"], row["provider"]) not in gens:
+                gens.add((key, row["request"], row["provider"]))
+                runs.setdefault(key, set()).add(row["run"])
+                keep.add(i)
+        elif kind == "fail":
+            rq, pv = row["request"], row["provider"]
+            cells = {((row["stage"], row["instance_id"], r), rq, pv) for r in row["rollouts"]}
+            if cells - fails:
+                fails |= cells
+                keep.add(i)
+        elif kind == "score":
+            scores.setdefault(((row["stage"], row["instance_id"], row["rollout"]), row["of"]), i)
+        elif kind in ("request", "provider"):
+            first[(kind, row["digest"])] = i
+        if i in keep:
+            named |= {("request", row["request"]), ("provider", row["provider"])}
+    keep.update(i for (key, of), i in scores.items() if of in runs.get(key, ()))
+    keep.update(i for name, i in first.items() if name in named)
+    keep.update(_stage_lines(rows))
+    return sorted(keep)
+
+
+def _stage_lines(rows: Sequence[dict[str, Any] | None]) -> list[int]:
+    seed: int | None = None
+    planned: dict[Any, tuple[int, Any]] = {}  # stage -> (position, fingerprint)
+    complete: dict[Any, int] = {}
+    for i, row in enumerate(rows):
+        if row is None or row.get("type") != "stage":
+            continue
+        kind, stage = row.get("kind"), row.get("stage")
+        if kind == "seed" and seed is None:
+            seed = i
+        elif kind == "planned":
+            planned[stage] = (i, row.get("fingerprint"))
+            complete.pop(stage, None)
+        elif kind == "complete" and stage in planned and planned[stage][1] == row.get("fingerprint"):
+            complete[stage] = i
+    return [i for i in (seed, *(i for i, _ in planned.values()), *complete.values()) if i is not None]
+
+
+def compact_journal(path: Path, task: str, run: str) -> None:
+    """Rewrite a journal keeping `kept_lines` under a header naming `run`,
+    atomically (the caller holds the task lock; a torn last line goes too)."""
+    lines = read_bytes(path).split(b"\n")[:-1]
+    keep = kept_lines([orjson.loads(line) if line.strip() else None for line in lines])
+    header = journal.encode([journal.header_row(task, run)])
+    atomic_write(path, itertools.chain([header], (lines[i] + b"\n" for i in keep)))

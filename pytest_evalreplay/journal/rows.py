@@ -1,0 +1,171 @@
+"""The per-task journal: the one durable log that `--resume` trusts and the
+run dir is written from.
+
+`<task>-journal.jsonl` in the output dir, append-only, one JSON object per
+line (orjson), each row typed:
+
+- `header`: `format`, `task`, `run` (the run that started the file).
+- `provider`: a provider identity (`kind`, `model`, ...) and its digest.
+- `request`: a request's content (context, system prompt, request type,
+  sampling, images, tools) and its digest. Written once per distinct content.
+  An agent turn's holds what the turn added (`after`, `added`: agents.md);
+  its digest is still over the whole request.
+- `gen`: one generated rollout: `stage`, `instance_id`, `rollout`, the
+  digests of the `request` it answered and the `provider` that made it, the
+  `run`, and the `generation`.
+- `score`: the scores (or the scoring error) of one rollout's generation,
+  named by the run that generated it (`of`); the latest row for a
+  generation wins. Written only when the scores are new or changed.
+- `fail`: one failed attempt (`model.Failure`), with request, provider, run.
+- `stage`: multi-stage records (`planned`, `complete`), see `stages.py`.
+
+Reuse is decided by content: a rollout's `gen` row is reused when its request
+digest and provider digest equal those of the request rendered now. Writers
+append rows with one write(2) each (`append_durably`: in the OS at once, so a
+killed process loses nothing it wrote; fsynced in groups within
+`files.SYNC_SECONDS`) under a per-task file lock, so pytest-xdist workers
+never interleave rows. Reading (`journalindex.py`) is incremental (from a
+byte offset), keeps only compact references (positions of rows, not their
+text), and validates every row: a malformed line names file and line; a torn last line (a crash
+mid-write) is skipped and reported. A journal rewritten under a reader (a
+reset, a compaction) is a new file, and the reader starts over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pytest_evalreplay.model import Failure, Generation
+from pytest_evalreplay.storage.files import AppendFile, NoFollowLock, atomic_write, os_error
+
+FORMAT = "evalreplay-journal/2"
+RolloutKey = tuple[int, str, int]  # (stage, instance_id, rollout)
+
+
+def journal_path(directory: Path, task: str) -> Path:
+    return directory / f"{task}-journal.jsonl"
+
+
+def task_lock(directory: Path, task: str) -> NoFollowLock:
+    """The lock every writer of a task's journal (and its run dir files) holds (never through a link)."""
+    return NoFollowLock(directory / f".{task}.lock")
+
+
+# -- writing ---------------------------------------------------------------------
+
+
+def header_row(task: str, run: str) -> dict[str, Any]:
+    return {"type": "header", "format": FORMAT, "task": task, "run": run}
+
+
+def request_row(rq: str, request: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": "request", "digest": rq, "request": dict(request)}
+
+
+def provider_row(pv: str, provider: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": "provider", "digest": pv, "provider": dict(provider)}
+
+
+def gen_row(key: RolloutKey, rq: str, pv: str, run: str, generation: Generation) -> dict[str, Any]:
+    return {
+        "type": "gen",
+        "stage": key[0],
+        "instance_id": key[1],
+        "rollout": key[2],
+        "request": rq,
+        "provider": pv,
+        "run": run,
+        "generation": generation.to_row(),
+    }
+
+
+def score_row(
+    key: RolloutKey,
+    of: str,
+    run: str,
+    scores: Mapping[str, float] | None,
+    error: str | None,
+    judgments: Mapping[str, Sequence[float]] | None = None,
+    no_answer: Sequence[str] = (),
+    unreadable: int = 0,
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "type": "score",
+        "stage": key[0],
+        "instance_id": key[1],
+        "rollout": key[2],
+        "of": of,
+        "run": run,
+    }
+    if error is None:
+        row["scores"] = dict(scores or {})
+    else:
+        row["error"] = error
+    if judgments is not None:
+        row["judgments"] = {k: list(v) for k, v in judgments.items()}
+    if no_answer:
+        row["no_answer"] = list(no_answer)
+    if unreadable:
+        row["unreadable"] = unreadable
+    return row
+
+
+def fail_row(failure: Failure, rq: str, pv: str, run: str) -> dict[str, Any]:
+    return {"type": "fail", **failure.to_row(), "request": rq, "provider": pv, "run": run}
+
+
+def encoded_lines(rows: Iterable[Mapping[str, Any]]) -> list[bytes]:
+    return [orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows]
+
+
+def encode(rows: Iterable[Mapping[str, Any]]) -> bytes:
+    return b"".join(encoded_lines(rows))
+
+
+_OPEN: dict[Path, AppendFile] = {}  # the journals this process writes, each kept open
+
+
+def append_durably(path: Path, blob: bytes) -> tuple[int, tuple[int, int] | None]:
+    """Append encoded rows (the caller holds the task lock): one write(2) to a
+    file kept open, so a killed process loses none of them once this returns;
+    fsynced (power loss) within `files.SYNC_SECONDS`, or at `sync`. Returns
+    where they start and which file (st_dev, st_ino) they went to."""
+    file = _OPEN.get(path)
+    if file is None:
+        file = _OPEN[path] = AppendFile(path)
+    return file.write(blob)
+
+
+def sync(path: Path) -> None:
+    """fsync what this process appended to a journal and has not synced yet."""
+    if (file := _OPEN.get(path)) is not None:
+        file.sync()
+
+
+def append(directory: Path, task: str, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Append rows and fsync them. The caller holds the task lock."""
+    path = journal_path(directory, task)
+    append_durably(path, encode(rows))
+    sync(path)
+
+
+def start_fresh(directory: Path, task: str, run: str) -> None:
+    """Replace the journal by one holding only a header (the caller holds the lock)."""
+    atomic_write(journal_path(directory, task), encode([header_row(task, run)]))
+
+
+def ensure_header(directory: Path, task: str, run: str) -> None:
+    """Give a missing or empty journal its header (the caller holds the lock)."""
+    path = journal_path(directory, task)
+    try:
+        empty = path.stat().st_size == 0
+    except FileNotFoundError:
+        empty = True
+    except OSError as exc:
+        raise os_error(path, exc, "read the journal") from None
+    if empty:
+        start_fresh(directory, task, run)

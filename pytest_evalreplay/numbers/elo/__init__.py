@@ -1,0 +1,1 @@
+"""The ELO rating: Bradley-Terry fit, bootstrap, solver, rating tables, the rating of a run."""

@@ -1,0 +1,1 @@
+"""The pytest side: hooks, items, xdist, scheduling, options, our hook specs."""

@@ -1,0 +1,492 @@
+"""The pytest hooks of pytest-evalreplay. Thin by design: each hook hands
+over to the module that owns the work (options, items, session, report).
+
+Nothing heavy is imported or registered until a session uses the plugin: a
+plain pytest run in an environment where it is installed pays for reading
+the options and one `isinstance` per collected module attribute.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.plugin import hookspecs, options
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pytest_evalreplay.report.summary import Summary
+    from pytest_evalreplay.run.session import EvalSession
+
+_PLUGIN_NAME = "evalreplay-session"
+GC_OLD_FACTOR = 10  # an eval session's full garbage collections: this many times rarer (evals_collected)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "evalreplay: an item of an LLM evaluation (pytest-evalreplay)")
+    settings = options.resolve(config)
+    if settings.in_play and settings.provider == "vllm" and _xdist_workers(config):
+        raise pytest.UsageError(
+            "-n/--numprocesses with --evalreplay-provider=vllm would load the model in every xdist worker: "
+            "run in one process, or serve the model (python -m vllm.entrypoints.openai.api_server ...) and "
+            "use --evalreplay-provider=openai with -n (see docs/providers.md, 'Past one machine')"
+        )
+    plugin = EvalReplayPlugin(config, settings)
+    config.pluginmanager.register(plugin, _PLUGIN_NAME)
+    if config.pluginmanager.hasplugin("xdist"):
+        from pytest_evalreplay.plugin.distributed import XdistHooks
+
+        config.pluginmanager.register(XdistHooks(plugin), "evalreplay-xdist")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> Any:
+    """Before xdist's own: whether the user chose a --dist mode (distributed.py)."""
+    if config.pluginmanager.hasplugin("xdist"):
+        from pytest_evalreplay.plugin.distributed import note_dist_choice
+
+        note_dist_choice(config)
+    yield
+
+
+def _xdist_workers(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
+    task_module = sys.modules.get("pytest_evalreplay.task")
+    if task_module is None:
+        return None  # no EvalTask (nor EloEval) can exist before its module is imported
+    stages_module = sys.modules.get("pytest_evalreplay.stages")
+    is_elo = stages_module is not None and isinstance(obj, stages_module.EloEval)
+    if not is_elo and not isinstance(obj, task_module.EvalTask):
+        return None
+    if not is_elo and stages_module is not None and _pool_of_an_elo_eval(collector, obj):
+        return []  # an EloEval's pool: its items are the EloEval's
+    from pytest_evalreplay.plugin.items import COLLECTED_KEY, EloCollector, TaskCollector
+
+    collector.config.pluginmanager.get_plugin(_PLUGIN_NAME).evals_collected()
+
+    if not _collected_here(collector, obj):
+        return []  # the same task imported into a second module: collected where it is defined
+    seen = collector.config.stash.setdefault(COLLECTED_KEY, {})
+    first = seen.setdefault(id(obj), collector.nodeid)
+    if first != collector.nodeid:
+        return []  # defined outside every collected module: collected once, where first met
+    if is_elo:
+        return EloCollector.from_parent(collector, name=obj.name, eval_=obj)  # type: ignore[attr-defined]
+    return TaskCollector.from_parent(collector, name=obj.name, task=obj)  # type: ignore[attr-defined]
+
+
+def _collected_here(collector: pytest.Collector, task: Any) -> bool:
+    """A task belongs to the module that defines it, whatever module imports
+    it and whichever is collected first: its node ids (JUnit class names,
+    `--lf`'s cache) do not depend on collection order. Only a task defined
+    outside every module this session collects (a helper module, a module
+    not selected) is collected where it is imported."""
+    home = getattr(task, "defined_in", None)
+    here = getattr(collector, "path", None)
+    if home is None or here is None or Path(here).resolve() == home:
+        return True
+    return not _will_collect(collector.config, home)
+
+
+def _will_collect(config: pytest.Config, path: Path) -> bool:
+    """Whether this session collects `path` as a test module: a python_files
+    match under one of the paths pytest was given (a node id given names its file)."""
+    from _pytest.python import path_matches_patterns
+
+    if not path_matches_patterns(path, config.getini("python_files")):
+        return False
+    base = config.invocation_params.dir
+    for arg in config.args:
+        given = (base / arg.split("::")[0]).resolve()
+        if given == path or (given.is_dir() and given in path.parents):
+            return True
+    return False
+
+
+def _pool_of_an_elo_eval(collector: pytest.Collector, task: object) -> bool:
+    from pytest_evalreplay.stages import EloEval
+
+    module = getattr(collector, "obj", None)
+    return any(isinstance(v, EloEval) and v.pool is task for v in vars(module).values()) if module else False
+
+
+class EvalReplayPlugin:
+    """The hooks that need state, registered per pytest session. The session
+    machinery (journal, provider, run dir) is built when eval items show up."""
+
+    def __init__(self, config: pytest.Config, settings: options.Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self._session: EvalSession | None = None
+        self._summary: Summary | None = None
+        self._finished: list[pytest.Item] = []
+        self._deselected_all = False
+        self._deselected = 0  # reused items deselected (the rest of the reused run, reported skipped)
+        self._unplanned = 0  # tasks collected by --collect-only with no provider chosen
+        self._shard_lines: list[str] = []
+        self._gc_thresholds: tuple[int, int, int] | None = None  # before evals_collected, restored at the end
+
+    def evals_collected(self) -> None:
+        """The first eval task met at collection: full garbage collections a
+        tenth as often. Every item, task and journal reference lives until the
+        session ends, and each full collection walks them all again (at 20k
+        items, 13 of them took 1.8 s of CPU; 3 take 0.8 s, bare pytest's cost)."""
+        if self._gc_thresholds is None:
+            self._gc_thresholds = gc.get_threshold()
+            young, middle, old = self._gc_thresholds
+            gc.set_threshold(young, middle, old * GC_OLD_FACTOR)
+
+    # -- lazily built parts ------------------------------------------------------
+
+    @property
+    def session(self) -> EvalSession:
+        if self._session is None:
+            self._session = self._make_session()
+        return self._session
+
+    @property
+    def summary(self) -> Summary:
+        if self._summary is None:
+            from pytest_evalreplay.report.summary import Summary
+
+            self._summary = Summary()
+        return self._summary
+
+    def _make_session(self) -> EvalSession:
+        from pytest_evalreplay.plugin.items import SESSION_KEY
+        from pytest_evalreplay.providers import ProviderHost
+        from pytest_evalreplay.report.progress import FileProgress, TerminalProgress
+        from pytest_evalreplay.run.context import WorkerInfo
+        from pytest_evalreplay.run.session import EvalSession
+
+        config, settings = self.config, self.settings
+        workerinput = getattr(config, "workerinput", None)
+        worker = None
+        if workerinput is not None:
+            worker = WorkerInfo(
+                int(workerinput.get("workerid", "gw0")[2:] or 0), workerinput.get("workercount", 1)
+            )
+        session = EvalSession(
+            settings=settings,
+            output=lambda: output_dir(config, settings),
+            run_id=(workerinput or {}).get("evalreplay_run_id"),
+            host=ProviderHost(
+                settings, lambda kind: config.hook.pytest_evalreplay_make_provider(config=config, kind=kind)
+            ),
+            progress=(
+                FileProgress(lambda: session.output, workerinput["workerid"], settings.progress_interval)
+                if workerinput is not None
+                else TerminalProgress(
+                    config, settings.quiet, settings.provider == "replay", settings.progress_interval
+                )
+            ),
+            worker=worker,
+            snapshot=(workerinput or {}).get("evalreplay_snapshot"),
+            seed=(workerinput or {}).get("evalreplay_seed"),
+            rootdir=Path(config.rootpath),
+            invocation=(config.invocation_params.args, Path(config.invocation_params.dir)),
+        )
+        config.stash[SESSION_KEY] = session
+        return session
+
+    @property
+    def active(self) -> bool:
+        return self._session is not None
+
+    # -- status where pytest users look ------------------------------------------
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str] | None:
+        s = self.settings
+        if not s.in_play:
+            return None
+        parts = [f"provider: {s.provider or 'none'}"]
+        if s.model:
+            parts.append(f"model: {s.model}")
+        if s.predictions is not None:
+            parts.append(f"predictions: {s.predictions}")
+        parts.append(f"output: {s.output or 'pytest cache (.pytest_cache/d/evalreplay)'}")
+        if s.shard is not None:
+            parts.append(f"shard: {s.shard}")
+        if s.reset:
+            mode = "reset"
+        elif s.resume_stage is not None:
+            first = f"stage {s.resume_stage}" if s.resume_stage else "the first incomplete stage"
+            mode = f"resume from {first}"
+        else:
+            mode = "resume" if s.resume else "fresh for what is selected"
+        parts.append(f"mode: {mode}")
+        if s.provider == "openai":
+            from pytest_evalreplay.providers import openai
+
+            parts.append(openai.describe(s))
+        return ["evalreplay: " + ", ".join(parts)]
+
+    # -- collection --------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Plan the tasks on the final selection: after every plugin's
+        `pytest_collection_modifyitems` (-k, -m, --lf, --sw, pytest-randomly
+        and wrappers included), before the terminal counts what was collected
+        and before an xdist worker reports its collection."""
+        self._plan(session, session.config, session.items)
+        if self.active and not session.config.option.collectonly:
+            try:
+                self.session.prepare_provider()  # its batch size may re-chunk
+            except EvalReplayError as exc:
+                raise pytest.UsageError(str(exc)) from None
+        workerinput = getattr(session.config, "workerinput", None)
+        if self.active and workerinput is not None:
+            from pytest_evalreplay.plugin.distributed import item_groups, send_collection
+
+            groups = item_groups(session.items, self.session.runs, int(workerinput.get("workercount", 1)))
+            send_collection(self.session.output, workerinput, self.collection_lines(), groups)
+
+    def _plan(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if "pytest_evalreplay.plugin.items" not in sys.modules:
+            return  # no eval item can exist before its module is imported (pytest_pycollect_makeitem)
+        from pytest_evalreplay.plugin.items import (
+            GateItem,
+            RolloutItem,
+            TaskItem,
+            not_this_shard,
+            shard_lines,
+        )
+
+        eval_items = [item for item in items if isinstance(item, TaskItem)]
+        if not eval_items:
+            return
+        tasks: dict[str, tuple[Any, list[tuple[int, str, int]]]] = {}
+        for item in eval_items:
+            entry = tasks.setdefault(item.task.name, (item.task, []))
+            if entry[0] is not item.task:
+                raise pytest.UsageError(
+                    f"two different tasks are named {item.task.name!r} ({item.nodeid}); task names must "
+                    "be unique in a session (they name run dir files)"
+                )
+            if isinstance(item, RolloutItem):
+                entry[1].append(item.key)
+        shard = self.settings.shard
+        if shard is not None:  # every shard collects every item; the others' are deselected
+            self._shard_lines = shard_lines(shard, eval_items)
+            self._drop(config, items, lambda i: not_this_shard(shard, i))
+            for name, (_, keys) in tasks.items():
+                keys[:] = [key for key in keys if shard.owns(name, key)]
+        collect_only = bool(config.option.collectonly)
+        if collect_only and self.settings.provider is None:
+            self._unplanned = len(tasks)  # reuse is by provider: without one there is nothing to plan
+            return
+        try:
+            self.session.register(list(tasks.values()), collect_only=collect_only)
+            deselect: set[tuple[str, tuple[int, str, int]]] = set()
+            serial = not hasattr(config, "workerinput")
+            if serial and self.settings.resume and not collect_only:
+                done = self.session.rescore_reused()
+                if not self.settings.report_reused:
+                    deselect.update((name, key) for name, keys in done.items() for key in keys)
+        except EvalReplayError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        if self.settings.no_generate and not collect_only:
+            self._hold_back(config, items)
+        waiting = {(run.name, key) for run in self.session.runs.values() for key in run.waiting}
+        if waiting:
+            self._drop(
+                config, items, lambda i: isinstance(i, RolloutItem) and (i.task.name, i.key) in waiting
+            )
+        if deselect:
+            self._deselected = self._drop(
+                config, items, lambda i: isinstance(i, RolloutItem) and (i.task.name, i.key) in deselect
+            )
+        # Each gate runs after its task's last item, whatever order others left.
+        gates = [i for i in items if isinstance(i, GateItem)]
+        if gates:
+            rest = [i for i in items if not isinstance(i, GateItem)]
+            last: dict[str, int] = {}
+            for n, item in enumerate(rest):
+                if isinstance(item, RolloutItem):
+                    last[item.task.name] = n
+            ordered: list[pytest.Item] = []
+            pending = {g.task.name: g for g in gates}
+            for n, item in enumerate(rest):
+                ordered.append(item)
+                if isinstance(item, RolloutItem) and last.get(item.task.name) == n:
+                    gate = pending.pop(item.task.name, None)
+                    if gate is not None:
+                        ordered.append(gate)
+            ordered.extend(pending.values())
+            items[:] = ordered
+
+    def _hold_back(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """--evalreplay-no-generate: what needs generating is deselected (it
+        stays missing), and so is the gate of a task it leaves incomplete."""
+        from pytest_evalreplay.plugin.items import GateItem, RolloutItem
+
+        held = self.session.hold_back()
+        keys = {(name, key) for name, ks in held.items() for key in ks}
+        self._drop(
+            config,
+            items,
+            lambda i: (
+                (isinstance(i, RolloutItem) and (i.task.name, i.key) in keys)
+                or (isinstance(i, GateItem) and i.task.name in held)
+            ),
+        )
+        self._shard_lines += [
+            f"{len(ks):,} items of {name} need generating (deselected: --evalreplay-no-generate): "
+            "they stay missing, and its gate is not judged"
+            for name, ks in held.items()
+        ]
+
+    def _drop(
+        self, config: pytest.Config, items: list[pytest.Item], gone: Callable[[pytest.Item], bool]
+    ) -> int:
+        """Deselect the items `gone` picks (pytest's own way: -k, --lf and the
+        terminal count them); how many."""
+        dropped = [i for i in items if gone(i)]
+        if dropped:
+            self._deselected_all = len(dropped) == len(items)
+            config.hook.pytest_deselected(items=dropped)
+            ids = {id(i) for i in dropped}
+            items[:] = [i for i in items if id(i) not in ids]
+        return len(dropped)
+
+    def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str] | None:
+        return self.collection_lines()
+
+    def collection_lines(self) -> list[str] | None:
+        """What the collection line says; an xdist worker hands it to its
+        controller (which collects nothing: see distributed.py)."""
+        if not self._unplanned and (not self.active or not self.session.runs):
+            return None
+        from pytest_evalreplay.report.summary import plural
+
+        if self._unplanned:
+            return [
+                f"evalreplay: {plural(self._unplanned, 'task')}, not planned: no provider chosen "
+                "(what would run or be reused depends on it)"
+            ]
+        runs = self.session.runs.values()
+        run = sum(len(r.decisions.run) for r in runs)
+        reused = sum(len(r.decisions.reuse) for r in runs)
+        failed = sum(len(r.decisions.failed) for r in runs)
+        parts = [plural(len(self.session.runs), "task"), f"{run:,} to run"]
+        if reused:
+            gone = self._deselected
+            if gone >= reused:
+                how = "deselected"
+            elif gone == 0:
+                how = "reported skipped"
+            else:  # an EloEval's reused items beside a task's
+                how = f"{gone:,} deselected, {reused - gone:,} reported skipped"
+            parts.append(f"{reused:,} reused from the journal ({how})")
+        if failed:
+            parts.append(f"{failed:,} failed for good before")
+        status = [*self._shard_lines, *self.session.status()]
+        return ["evalreplay: " + ", ".join(parts), *(f"evalreplay: {line}" for line in status)]
+
+    # -- reports and the end -----------------------------------------------------
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if any(k == "evalreplay.gate" for k, _ in report.user_properties):
+            self.summary.add_report(report)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        """After its last report took a copy, an eval item drops its properties:
+        items hold keys, not data, for the rest of a long session."""
+        if self.active and item.user_properties and item.get_closest_marker("evalreplay") is not None:
+            self._finished.append(item)
+        while len(self._finished) > 1:
+            self._finished.pop(0).user_properties.clear()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if not self.active:
+            return
+        if self._deselected_all and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            session.exitstatus = pytest.ExitCode.OK  # everything was reused: nothing had to run
+        ev = self.session
+        try:
+            ev.finish()
+        except EvalReplayError as exc:
+            ev.notes.append(f"run dir not written: {exc}")
+        ev.close_provider()  # before the summary, so a close() that fails is in its notes
+        for name, doc in ev.docs.items():
+            self.summary.add_doc(name, doc.seen, doc.doc, doc.extra())
+        if ev.output_resolved is not None:
+            self.summary.run_dir = str(ev.output_resolved)
+        for note in ev.notes:
+            self.summary.add_note(note)
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:  # a pytest-xdist worker: the controller prints the summary
+            workeroutput["evalreplay"] = {
+                "docs": {n: [d.seen, d.doc, d.extra()] for n, d in ev.docs.items()},
+                "notes": list(ev.notes),
+                "run_dir": self.summary.run_dir,
+            }
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self._summary is None:
+            return
+        if self.settings.compare is not None:
+            self.summary.compare_with(self.settings.compare)
+        self.summary.terminal(terminalreporter)
+        if self.settings.report is not None:
+            from pytest_evalreplay.report.summary import github_step_summary
+
+            try:
+                markdown = self.summary.write_markdown(self.settings.report)
+                where = github_step_summary(markdown)
+            except (EvalReplayError, OSError) as exc:
+                terminalreporter.write_line(f"evalreplay: report not written: {exc}")
+            else:
+                if where is not None:
+                    terminalreporter.write_line(
+                        f"evalreplay: report appended to $GITHUB_STEP_SUMMARY ({where})"
+                    )
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._gc_thresholds is not None:
+            gc.set_threshold(*self._gc_thresholds)
+        if self._session is not None:
+            self._session.close()
+
+
+def output_dir(config: pytest.Config, settings: options.Settings) -> Path:
+    if settings.output is not None:
+        return settings.output
+    cache = getattr(config, "cache", None)
+    if cache is None:
+        raise EvalReplayError(
+            "pytest's cache is disabled (-p no:cacheprovider): pass --evalreplay-output=DIR "
+            "(ini evalreplay_output) for the run dir and journal"
+        )
+    return Path(cache.mkdir("evalreplay"))
+
+
+@pytest.fixture(scope="session")
+def replay_provider(pytestconfig: pytest.Config) -> Any:
+    """The replay provider over --evalreplay-predictions, for hand-written tests."""
+    plugin = pytestconfig.pluginmanager.get_plugin(_PLUGIN_NAME)
+    try:
+        return plugin.session.replay_provider()
+    except EvalReplayError as exc:
+        raise pytest.UsageError(str(exc)) from None

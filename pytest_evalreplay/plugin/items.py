@@ -1,0 +1,246 @@
+"""Collection: an `EvalTask` becomes a collector of one item per
+(stage, instance, rollout), with node ids like `test_evals.py::gsm8k::q0042[s1-r0]`,
+plus `<task>::gate` when the task has a gate. Items hold keys, not data."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_evalreplay.model import EvalReplayError, RolloutResult
+from pytest_evalreplay.stages import EloEval
+from pytest_evalreplay.task import EvalTask
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from pytest_evalreplay.run.session import EvalSession
+    from pytest_evalreplay.shard import Shard
+
+SESSION_KEY: pytest.StashKey[EvalSession] = pytest.StashKey()
+COLLECTED_KEY: pytest.StashKey[dict[int, str]] = pytest.StashKey()
+REUSED_REASON = "evalreplay: reused from journal"
+_MARK = pytest.mark.evalreplay  # one Mark shared by every item
+
+
+class ItemFailed(Exception):
+    """Generation, scoring or judging failed for good; reported as one line."""
+
+
+def session_of(config: pytest.Config) -> EvalSession:
+    """The plugin's session (built on first use: collection may be the first)."""
+    if SESSION_KEY not in config.stash:
+        config.pluginmanager.get_plugin("evalreplay-session").session  # noqa: B018 - builds and stashes it
+    return config.stash[SESSION_KEY]
+
+
+class TaskCollector(pytest.Collector):
+    """One task's items. Rendering every instance's prompt here makes a
+    template typo one collection error naming the task, instance and field."""
+
+    def __init__(self, *, task: EvalTask, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.task = task
+
+    @classmethod
+    def from_parent(cls, parent: pytest.Collector, *, name: str, task: EvalTask) -> TaskCollector:  # type: ignore[override]
+        return super().from_parent(parent, name=name, task=task)
+
+    def collect(self) -> Iterator[pytest.Item]:
+        try:
+            self.task.request_digests()
+        except EvalReplayError as exc:
+            raise self.CollectError(str(exc)) from None
+        for stage, iid, rollout in self.task.item_keys():
+            name = f"{iid}[s{stage}-r{rollout}]"
+            yield RolloutItem.from_parent(
+                self,
+                name=name,
+                # Given as a string so pytest >= 9.2 parses "[s1-r0]" as the
+                # item's params, as it does when reading --lf's cache.
+                nodeid=f"{self.nodeid}::{name}",
+                task=self.task,
+                key=(stage, iid, rollout),
+            )
+        if self.task.gate is not None:
+            yield GateItem.from_parent(self, name="gate", task=self.task)
+
+
+class EloCollector(pytest.Collector):
+    """An EloEval's items: one per (task, stage, rollout) of the tasks each
+    stage draws from the pool (known at collection: the seed is)."""
+
+    def __init__(self, *, eval_: EloEval, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.eval = eval_
+
+    @classmethod
+    def from_parent(cls, parent: pytest.Collector, *, name: str, eval_: EloEval) -> EloCollector:  # type: ignore[override]
+        return super().from_parent(parent, name=name, eval_=eval_)
+
+    def collect(self) -> Iterator[pytest.Item]:
+        try:
+            self.eval.pool.request_digests()
+            _, stage_tasks = session_of(self.config).elo_draw(self.eval)
+        except EvalReplayError as exc:
+            raise self.CollectError(str(exc)) from None
+        for stage, task_ids in enumerate(stage_tasks, 1):
+            for tid in task_ids:
+                for rollout in range(self.eval.num_samples):
+                    name = f"{tid}[s{stage}-r{rollout}]"
+                    yield RolloutItem.from_parent(
+                        self,
+                        name=name,
+                        nodeid=f"{self.nodeid}::{name}",
+                        task=self.eval,
+                        key=(stage, tid, rollout),
+                    )
+        if self.eval.gate is not None:
+            yield GateItem.from_parent(self, name="gate", task=self.eval)
+
+
+class TaskItem(pytest.Item):
+    """An item of an eval task: marked `evalreplay`, matched by the task's
+    name, failing with a one-line message rather than a traceback."""
+
+    def __init__(self, *, task: EvalTask | EloEval, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.task = task
+        # -k already matches the task (a parent node's name) and the instance,
+        # stage and rollout (substrings of the item's name): no extra keywords.
+        self.add_marker(_MARK)
+
+    @classmethod
+    def from_parent(cls, parent: pytest.Collector, **kwargs: Any) -> Self:  # type: ignore[override]
+        return super().from_parent(parent, **kwargs)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        exc = excinfo.value
+        if isinstance(exc, (ItemFailed, EvalReplayError)):
+            return f"{self.task.name} {self.name}: {exc}"
+        if isinstance(exc, OSError):
+            return f"{self.task.name} {self.name}: {type(exc).__name__}: {exc}"
+        if isinstance(exc, Exception) and _raised_by_plugin(excinfo):
+            entry = excinfo.traceback[-1]
+            return (
+                f"{self.task.name} {self.name}: internal error in pytest-evalreplay: "
+                f"{type(exc).__name__}: {exc} ({entry.path}:{entry.lineno + 1}); please report it"
+            )
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        line = self.task.defined_line - 1 if self.task.defined_in == self.path else 0
+        return self.path, line, f"{self.task.name}::{self.name}"
+
+
+def _raised_by_plugin(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
+    return "pytest_evalreplay" in str(excinfo.traceback[-1].path)
+
+
+class RolloutItem(TaskItem):
+    """One rollout of one instance. Running it reads its result from the
+    session (the first item of a chunk to run generates the whole chunk)."""
+
+    def __init__(self, *, key: tuple[int, str, int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.key = key
+
+    def runtest(self) -> None:
+        from pytest_evalreplay.run.context import ProviderExit
+
+        session = session_of(self.config)
+        try:
+            result = session.result_for(self.task.name, self.key)
+        except ProviderExit as exc:
+            pytest.exit(str(exc), returncode=pytest.ExitCode.INTERRUPTED)
+        record(self, result)
+        if not result.ok:
+            raise ItemFailed(result.error)
+        if session.is_reused(self.task.name, self.key):
+            self.user_properties.append(("evalreplay.reused", True))
+            pytest.skip(REUSED_REASON)
+
+
+class GateItem(TaskItem):
+    """`<file>::<task>::gate`: judges the task's results against its Gate.
+    Runs after the task's items (the plugin orders it so); if it runs first
+    anyway (a selection, another plugin's order, an xdist worker), it makes
+    the task's selected items complete before judging."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.user_properties.append(("evalreplay.gate", self.task.name))
+
+    def runtest(self) -> None:
+        from pytest_evalreplay.run.context import ProviderExit
+
+        try:
+            outcome = session_of(self.config).gate_outcome(self.task)
+        except EvalReplayError as exc:
+            raise ItemFailed(str(exc)) from None
+        except ProviderExit as exc:
+            pytest.exit(str(exc), returncode=pytest.ExitCode.INTERRUPTED)
+        self.user_properties.extend(
+            [
+                ("gate.metric", outcome.gate.metric),
+                ("gate.passed", outcome.passed),
+                ("gate.summary", outcome.describe()),
+            ]
+        )
+        if outcome.value is not None:
+            self.user_properties.append(("gate.value", outcome.value))
+        if not outcome.passed:
+            raise ItemFailed(outcome.describe())
+
+
+def record(item: pytest.Item, result: RolloutResult) -> None:
+    """The item's identity, scores and finish reason in user_properties (and so
+    in JUnit XML). Nothing that is None goes in: JUnit would show "None"."""
+    props = item.user_properties
+    props.extend(
+        [
+            ("evalreplay.task", result.task),
+            ("evalreplay.instance", result.instance_id),
+            ("evalreplay.stage", result.stage),
+            ("evalreplay.rollout", result.rollout),
+        ]
+    )
+    prefix = "verdict" if isinstance(getattr(item, "task", None), EloEval) else "score"
+    for name, value in result.scores.items():
+        props.append((sys.intern(f"{prefix}.{name}"), value))  # one name object for every item
+    gen = result.generation
+    if gen is not None:
+        if gen.finish_reason is not None:
+            props.append(("finish_reason", gen.finish_reason))
+        if gen.completion_tokens is not None:
+            props.append(("completion_tokens", gen.completion_tokens))
+        for name in ("turns", "tool_calls"):  # an agent's episode
+            if name in gen.metadata:
+                props.append((f"agent.{name}", gen.metadata[name]))
+    if result.failure_class is not None:
+        props.append(("evalreplay.failure_class", result.failure_class))
+
+
+def not_this_shard(shard: Shard, item: pytest.Item) -> bool:
+    """Another shard's rollout, or a gate (judged on the whole task, after the merge)."""
+    if isinstance(item, GateItem):
+        return True
+    return isinstance(item, RolloutItem) and not shard.owns(item.task.name, item.key)
+
+
+def shard_lines(shard: Shard, items: list[pytest.Item]) -> list[str]:
+    """Per task, how much of it this shard runs."""
+    counts: dict[str, list[int]] = {}
+    for item in items:
+        if isinstance(item, RolloutItem):
+            count = counts.setdefault(item.task.name, [0, 0])
+            count[0] += shard.owns(item.task.name, item.key)
+            count[1] += 1
+    return [
+        f"shard {shard}: {mine:,} of {total:,} items of {name} (the rest deselected; gates are judged after "
+        "the merge)"
+        for name, (mine, total) in counts.items()
+    ]

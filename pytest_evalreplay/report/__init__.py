@@ -1,0 +1,1 @@
+"""Reporting: the terminal summary, progress, compare and its rendering."""

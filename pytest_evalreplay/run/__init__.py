@@ -1,0 +1,1 @@
+"""The run: sessions, task and ELO runs, rollouts, generation, agent episodes, judging, finishing."""

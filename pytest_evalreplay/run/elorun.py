@@ -1,0 +1,501 @@
+"""An `EloEval` in a session, driven forward stage by stage.
+
+    plan (or replay the recorded plan) -> generate -> judge -> complete
+
+Stage s runs, whole and once per run, when the first item of stage s (or a
+gate) asks for its result, after stages 1..s-1 in order: one process of a
+pytest-xdist run drives it under the stage's lock, the others then read its
+results from the journal. Items only read. Nothing else starts a stage, so a
+Ctrl-C, `-x`, `--maxfail` or a provider that raises stops the eval where it
+is: no later stage is generated, judged or marked complete.
+
+A stage's plan (the references it judges against, chosen nearest the rating
+after the stage before) is recorded before it is judged. A resumed run
+replays a recorded plan when its fingerprint (configuration) and the rating
+it started from are unchanged, so an interrupted stage replays exactly, and
+plans it afresh otherwise. Verdicts follow the same rule as scores: a
+function judge is called again on every stage a run drives (it is cheap, and
+what it calls may have changed), an LLM judge's verdict is reused only for
+the same request asked of the same judge (`elojudge.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_evalreplay.fingerprint import describe_change, fingerprint
+from pytest_evalreplay.journal.index import JournalIndex
+from pytest_evalreplay.journal.rows import RolloutKey
+from pytest_evalreplay.journal.stagelog import StageLog, complete_row, planned_row, seed_row
+from pytest_evalreplay.model import EvalReplayError, RolloutResult
+from pytest_evalreplay.numbers import planning
+from pytest_evalreplay.numbers.elo.rating import Ratings
+from pytest_evalreplay.numbers.elo.stageplan import wait_for_merge
+from pytest_evalreplay.numbers.gates import BaselineTask, PairedDrop
+from pytest_evalreplay.numbers.metrics import TaskOutcome, item_outcome, task_outcome
+from pytest_evalreplay.numbers.planning import Decisions, TaskPlan
+from pytest_evalreplay.run.context import RunContext
+from pytest_evalreplay.run.elojudge import Judging
+from pytest_evalreplay.run.rollouts import Rollouts, open_recorder
+from pytest_evalreplay.stages import EloEval, stage_configs
+from pytest_evalreplay.storage.runschema import task_files
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    references: tuple[str, ...]
+    prior_rating: float | None
+
+
+def draw(ctx: RunContext, eval_: EloEval) -> tuple[int, list[list[str]]]:
+    """An EloEval's seed and each stage's task ids: its own seed; else the one
+    its journal recorded (so a resumed run, and every xdist worker, collects
+    the same items); else the saved run's being replayed; else this run's."""
+    seed = eval_.seed
+    if seed is None and not ctx.settings.reset:
+        seed = recorded_seed(ctx.output_factory(), eval_.name, ctx.snapshot.get(eval_.name))
+    if seed is None and ctx.settings.provider == "replay" and ctx.settings.predictions is not None:
+        seed = saved_seed(ctx.settings.predictions, eval_.name)
+    if seed is None and ctx.settings.shard is not None:
+        raise EvalReplayError(
+            f"{eval_.name!r} draws its stages' tasks from a seed, and each shard of "
+            f"--evalreplay-shard={ctx.settings.shard} would draw its own: give it EloEval(seed=...) "
+            "(or run the shards from a copy of a merged dir, whose journal records one)"
+        )
+    if seed is None:
+        seed = ctx.seed
+    return seed, eval_.draw(seed)
+
+
+@dataclass
+class EloRun(Rollouts):
+    eval: EloEval | None = None
+    seed: int = 0
+    stage_tasks: list[list[str]] = field(default_factory=list)
+    fingerprints: list[str] = field(default_factory=list)
+    configs: list[dict[str, Any]] = field(default_factory=list)
+    replan_from: int = 1  # stages >= this are planned afresh (their recorded plans are not replayed)
+    judging: Judging | None = None
+    ratings: Ratings | None = None  # reads the recorder's index, which refreshes in place
+    plans: dict[int, StagePlan] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)  # stages driven to their end in this run
+    incomplete: dict[int, list[RolloutKey]] = field(default_factory=dict)  # stage -> items without a result
+    lines: list[str] = field(default_factory=list)
+
+    @classmethod
+    def register(
+        cls,
+        ctx: RunContext,
+        eval_: EloEval,
+        all_keys: Sequence[RolloutKey],
+        selected: Sequence[RolloutKey],
+        directory: Path,
+        drawn: tuple[int, list[list[str]]],
+    ) -> EloRun:
+        seed, stage_tasks = drawn
+        all_keys = tuple(all_keys)
+        pool = eval_.pool
+        pool_digests = {iid: rq for (_, iid), rq in pool.request_digests().items()}
+        requests = {(s, tid): pool_digests[tid] for s, tids in enumerate(stage_tasks, 1) for tid in tids}
+        plan = TaskPlan(eval_.name, tuple(all_keys), requests, ctx.provider_digest)
+        configs = stage_configs(eval_, seed, pool_digests, ctx.provider_identity)
+        fingerprints = [fingerprint(c) for c in configs]
+        recorder, index = open_recorder(ctx, eval_.name, plan, len(selected) < len(all_keys), directory)
+        waiting: list[RolloutKey] = []
+        lines: list[str] = []
+        if ctx.settings.shard is not None:  # later stages wait for every shard's verdicts
+            selected, waiting, lines = wait_for_merge(
+                eval_.name, plan, index, len(stage_tasks), ctx.settings.max_attempts, selected
+            )
+        log = StageLog.read(index) if index is not None else StageLog()
+        ratings = Ratings(
+            plan,
+            recorder.index,
+            stage_tasks,
+            eval_.num_samples,
+            {name: ref.elo for name, ref in eval_.references.items()},
+            seed,
+            ctx.settings.max_attempts,
+        )
+        replan_from, stage_lines = _replan_from(
+            ctx, eval_, log, fingerprints, configs, lambda s: ratings.table(upto=s, only=s).num_judgments
+        )
+        decisions = _decide(ctx, plan, selected, index, replan_from)
+        run = cls(
+            ctx,
+            eval_.name,
+            pool,
+            plan,
+            recorder,
+            list(selected),
+            decisions,
+            gate=eval_.gate,
+            eval=eval_,
+            seed=seed,
+            stage_tasks=stage_tasks,
+            fingerprints=fingerprints,
+            configs=configs,
+            replan_from=replan_from,
+            judging=Judging(ctx, eval_, directory),
+            ratings=ratings,
+            lines=[*stage_lines, *lines],
+            waiting=waiting,
+        )
+        run.note_unfinished(index)
+        return run
+
+    @property
+    def elo(self) -> EloEval:
+        assert self.eval is not None
+        return self.eval
+
+    def _rating(self) -> Ratings:
+        assert self.ratings is not None
+        return self.ratings
+
+    def status(self) -> Sequence[str]:
+        return [*self.lines, self.unfinished] if self.unfinished else self.lines
+
+    def stage_keys(self, stage: int) -> list[RolloutKey]:
+        n = self.elo.num_samples
+        return [(stage, tid, r) for tid in self.stage_tasks[stage - 1] for r in range(n)]
+
+    def log(self) -> StageLog:
+        return StageLog.read(self.recorder.index)
+
+    # -- items ------------------------------------------------------------------------
+
+    def rescore_reused(self) -> list[RolloutKey]:
+        return []  # an ELO stage's reused items run (reported skipped, with their verdicts)
+
+    def result(self, key: RolloutKey) -> RolloutResult:
+        """An item's verdicts, read from the journal once its stage has run."""
+        self.touched = True
+        try:
+            self.advance(key[0])
+        except EvalReplayError as exc:
+            return self.failure(key, str(exc), "judging")
+        if key in self.decisions.failed:
+            return self.failed_before(key)
+        gen = self.candidate(key)
+        if gen is None:
+            return self.not_generated(key)
+        index = self.recorder.index
+        generation = self.elo.pool.postprocess(index.generation(gen))
+        score = index.score_of(key, gen)
+        if score is None or score.error is not None:
+            error = (
+                score.error
+                if score is not None
+                else f"stage {key[0]} was not judged; run again with --resume"
+            )
+            return self.result_of(key, generation=generation, error=error, failure_class="judging")
+        return self.result_of(key, generation=generation, scores=dict(score.scores or {}))
+
+    def complete(self) -> TaskOutcome:
+        """Drive every stage this session selected items of (a gate), then the numbers."""
+        self.touched = True
+        if self.selected:
+            self.advance(max(key[0] for key in self.selected))
+        self.recorder.flush()
+        return self.outcome_now()
+
+    # -- the pipeline ---------------------------------------------------------------------
+
+    def advance(self, stage: int) -> None:
+        """Stages 1..stage, in order, each run whole once."""
+        for s in range(1, stage + 1):
+            if s not in self.done:
+                self._run_stage(s)
+
+    def _run_stage(self, stage: int) -> None:
+        recorder = self.recorder
+        unit = f"stage-{stage}"
+        with recorder.chunk_locked(unit):
+            recorder.flush()  # and read what peers wrote
+            record = self.log().stages.get(stage)
+            if recorder.done_in_this_run(unit) and record is not None:  # a peer of this run drove it
+                self.plans[stage] = StagePlan(tuple(record.references), record.prior_rating)
+            else:
+                plan = self._plan(stage)
+                keys = self.stage_keys(stage)
+                self.ensure_generated(k for k in keys if k in self.decisions.run)
+                self._judge(stage, plan)
+                self._complete(stage)
+                recorder.mark_done(unit)
+        self.done.add(stage)
+
+    def _plan(self, stage: int) -> StagePlan:
+        prior: float | None = None
+        if stage > 1:
+            missing = self.incomplete.get(stage - 1)
+            if missing:
+                first = f"{missing[0][1]}[s{stage - 1}-r{missing[0][2]}]"
+                raise EvalReplayError(
+                    f"stage {stage - 1} of {self.name!r} is not complete ({len(missing)} item"
+                    f"{'s' if len(missing) != 1 else ''} without a result, e.g. {first}) "
+                    f"and stage {stage} needs its rating: run stage {stage - 1} too (select s{stage - 1}, "
+                    "or run without -k)"
+                )
+            prior = self._rating().fit(upto=stage - 1).rating
+        total = len(self.elo.stages)
+        record = self.log().stages.get(stage)
+        if record is not None and self._replayable(stage, record.run):
+            if not _same_rating(record.prior_rating, prior):
+                self.ctx.note(
+                    f"{self.name}: stage {stage}/{total} planned afresh (the rating it starts from changed: "
+                    f"{_shown(record.prior_rating)} -> {_shown(prior)})"
+                )
+            elif (
+                record.fingerprint == self.fingerprints[stage - 1]
+                and record.task_ids == self.stage_tasks[stage - 1]
+            ):
+                unknown = [r for r in record.references if r not in self.elo.references]
+                if unknown:
+                    raise EvalReplayError(
+                        f"{self.recorder.index.path}:{record.lineno}: stage {stage}'s recorded plan names "
+                        f"reference {unknown[0]!r}, which {self.name!r} does not have; run with "
+                        f"--resume-stage={stage} to plan the stage again (or fix that line)"
+                    )
+                chosen = StagePlan(tuple(record.references), record.prior_rating)
+                self.plans[stage] = chosen
+                return chosen
+        from pytest_evalreplay.numbers.elo.fit import choose_references
+
+        elos = {name: ref.elo for name, ref in self.elo.references.items()}
+        chosen = StagePlan(
+            tuple(choose_references(elos, prior, self.elo.stages[stage - 1].references)), prior
+        )
+        rows = [] if self.log().seed == self.seed else [seed_row(self.seed, self.ctx.run_id)]
+        rows.append(
+            planned_row(
+                stage,
+                self.stage_tasks[stage - 1],
+                chosen.references,
+                prior,
+                self.fingerprints[stage - 1],
+                self.configs[stage - 1],
+                self.ctx.run_id,
+            )
+        )
+        self.recorder.add(rows)
+        self.recorder.flush()  # the plan is durable before anything of the stage is judged
+        self.plans[stage] = chosen
+        return chosen
+
+    def _replayable(self, stage: int, planned_by: str) -> bool:
+        """Whether a recorded plan may stand: this run's own, or an earlier
+        run's that this run resumes (and does not re-plan from this stage)."""
+        if planned_by == self.ctx.run_id:
+            return True
+        s = self.ctx.settings
+        return stage < self.replan_from and (s.resume or s.resume_stage is not None)
+
+    def _judge(self, stage: int, plan: StagePlan) -> None:
+        """Every rollout of the stage that has a generation, judged against the plan's references."""
+        assert self.judging is not None
+        index = self.recorder.index
+        items = [(key, gen) for key in self.stage_keys(stage) if (gen := self.candidate(key)) is not None]
+        pool = self.elo.pool
+        verdicts = self.judging.judge(
+            plan.references, [(key, pool.postprocess(index.generation(gen))) for key, gen in items]
+        )
+        for key, gen in items:
+            v = verdicts[key]
+            self.recorder.add(
+                self.recorder.score(key, gen.run, v.scores, v.error, v.judgments, v.no_answer, v.unreadable)
+            )
+        self.recorder.flush()
+
+    def _complete(self, stage: int) -> None:
+        """The stage's `complete` record, once every item has a result and one pair was judged."""
+        index, settings = self.recorder.index, self.ctx.settings
+        missing = [
+            key
+            for key in self.stage_keys(stage)
+            if item_outcome(self.plan, index, key, settings.max_attempts).status == "missing"
+        ]
+        if missing:
+            self.incomplete[stage] = missing
+            return
+        ratings = self._rating()
+        if ratings.table(upto=stage, only=stage).num_judgments == 0:
+            self.ctx.note(f"{self.name}: stage {stage} has no judged pair and stays incomplete")
+            return
+        fit = ratings.fit(upto=stage)
+        record = self.log().stages.get(stage)
+        if (
+            record is not None
+            and record.complete
+            and record.fingerprint == self.fingerprints[stage - 1]
+            and _same_rating(record.rating, fit.rating)
+        ):
+            return  # kept as recorded: the journal says it already
+        self.recorder.add(
+            [complete_row(stage, fit.rating, fit.se, self.fingerprints[stage - 1], self.ctx.run_id)]
+        )
+        self.recorder.flush()
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def outcome_now(self) -> TaskOutcome:
+        base = task_outcome(
+            self.plan,
+            self.recorder.index,
+            self.ctx.settings.max_attempts,
+            self.ctx.run_id,
+            self.ctx.model(),
+        )
+        self.outcome = self._rating().with_rating(base, self.log(), self.plans, len(self.elo.stages))
+        return self.outcome
+
+    def before_finish(self) -> None:
+        assert self.judging is not None
+        self.judging.write_files()  # no stage is driven at the end
+
+    def paired_drop(self, baseline: BaselineTask) -> PairedDrop | None:
+        if not baseline.elo:
+            return None
+        return self._rating().paired_drop(baseline.elo, len(self.elo.stages))
+
+
+# -- registration --------------------------------------------------------------------------
+
+
+def _replan_from(
+    ctx: RunContext,
+    eval_: EloEval,
+    log: StageLog,
+    fingerprints: Sequence[str],
+    configs: Sequence[Mapping[str, Any]],
+    judged: Callable[[int], int],
+) -> tuple[int, list[str]]:
+    """The first stage planned afresh, and one line per stage saying what happens to it."""
+    total = len(eval_.stages)
+    name = eval_.name
+    lines: list[str] = []
+    if not ctx.resuming:
+        return 1, lines
+    replan_from = total + 1
+    why: str | None = None
+    if ctx.settings.resume_stage is not None:
+        first = ctx.settings.resume_stage or stage_of_first_incomplete(log, fingerprints)
+        if first > total and not ctx.settings.resume_stage:
+            lines.append(f"{name}: every stage is complete: --resume-stage has nothing to run again")
+        elif first > total:
+            raise EvalReplayError(f"--resume-stage={first}: {name!r} has only {total} stages")
+        check_kept_stages(name, log, fingerprints, configs, first)
+        replan_from, why = first, f"--resume-stage={first}"
+    for stage in range(1, total + 1):
+        record = log.stages.get(stage)
+        if stage >= replan_from:
+            lines.append(f"{name}: stage {stage}/{total} planned afresh ({why})")
+        elif record is None:
+            lines.append(f"{name}: stage {stage}/{total} not started yet")
+        elif record.fingerprint != fingerprints[stage - 1]:
+            why = describe_change(record.config, configs[stage - 1])
+            replan_from = stage
+            lines.append(f"{name}: stage {stage}/{total} planned afresh ({why})")
+            why = f"stage {stage} changed"
+        elif record.complete:
+            rating = f"ELO {_shown(record.rating)}" + (
+                f" +- {record.se:.0f}" if record.se is not None else ""
+            )
+            pairs = f"{judged(stage)} judged pairs"
+            lines.append(f"{name}: stage {stage}/{total} kept from the journal: {rating} ({pairs})")
+        else:
+            refs = ", ".join(record.references)
+            lines.append(
+                f"{name}: stage {stage}/{total} replayed from the journal: {len(record.task_ids)} tasks vs "
+                f"{len(record.references)} references [{refs}]"
+            )
+    return replan_from, lines
+
+
+def _decide(
+    ctx: RunContext,
+    plan: TaskPlan,
+    selected: Sequence[RolloutKey],
+    index: JournalIndex | None,
+    replan_from: int,
+) -> Decisions:
+    """Candidate generations: reused by content in kept and replayed stages
+    (and, with --resume, in stages planned afresh); regenerated in stages
+    --resume-stage plans afresh."""
+    s = ctx.settings
+    kept = [key for key in selected if key[0] < replan_from]
+    fresh = [key for key in selected if key[0] >= replan_from]
+    decisions = planning.decide(plan, kept, index, ctx.resuming and index is not None, s.max_attempts)
+    again = planning.decide(
+        plan, fresh, index, s.resume and index is not None and s.resume_stage is None, s.max_attempts
+    )
+    decisions.run.extend(again.run)
+    decisions.reuse.update(again.reuse)
+    decisions.failed.update(again.failed)
+    decisions.prior_attempts.update(again.prior_attempts)
+    decisions.changed_request += again.changed_request
+    decisions.changed_provider += again.changed_provider
+    return decisions
+
+
+def _same_rating(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
+
+
+def _shown(rating: float | None) -> str:
+    return "none" if rating is None else f"{rating:.1f}"
+
+
+def recorded_seed(directory: Path, name: str, limit: int | None) -> int | None:
+    """The seed an earlier run of this eval recorded in the output dir's journal."""
+    try:
+        return StageLog.read(JournalIndex.read(directory, name, limit)).seed
+    except EvalReplayError:
+        return None
+
+
+def saved_seed(predictions: Path, name: str) -> int | None:
+    """The seed a saved ELO run (a run dir being replayed) was drawn with."""
+    import orjson
+
+    path = task_files(predictions if predictions.is_dir() else predictions.parent, name)["metrics"]
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    seed = (doc.get("elo") or {}).get("seed") if isinstance(doc, dict) else None
+    return seed if type(seed) is int else None
+
+
+def stage_of_first_incomplete(log: StageLog, fingerprints: Sequence[str]) -> int:
+    for stage in range(1, len(fingerprints) + 1):
+        record = log.stages.get(stage)
+        if record is None or not record.complete or record.fingerprint != fingerprints[stage - 1]:
+            return stage
+    return len(fingerprints) + 1
+
+
+def check_kept_stages(
+    name: str, log: StageLog, fingerprints: Sequence[str], configs: Sequence[Mapping[str, Any]], upto: int
+) -> None:
+    """--resume-stage=N: stages 1..N-1 must be complete in the journal, with their fingerprints valid."""
+    for stage in range(1, upto):
+        record = log.stages.get(stage)
+        if record is None:
+            why = "it was never planned"
+        elif record.fingerprint != fingerprints[stage - 1]:
+            why = f"its configuration changed ({describe_change(record.config, configs[stage - 1])})"
+        elif not record.complete:
+            why = "it is not complete"
+        else:
+            continue
+        raise EvalReplayError(
+            f"--resume-stage={upto}: {name!r} cannot keep stage {stage}: {why}; "
+            f"use --resume-stage={stage} (or --resume) to run it again"
+        )

@@ -1,0 +1,95 @@
+"""The one loop that turns a batch of requests into journal rows.
+
+Every generation a session asks for, a candidate's answers and an LLM
+judge's verdicts alike, goes through `stream_into_journal`: the provider
+streams, retries come in rounds (`execution.generate_events`), each answer
+becomes a `gen` row (after the `request` row of its content) the moment it
+arrives, each failed attempt a `fail` row, and the journal is committed
+before every retry and at the end, including when the session is stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pytest_evalreplay.execution import Done, Failed, RoundEnd, generate_events
+from pytest_evalreplay.journal.recorder import TaskRecorder
+from pytest_evalreplay.journal.rows import RolloutKey
+from pytest_evalreplay.model import (
+    Failure,
+    Generation,
+    Provider,
+    Request,
+    RequestKey,
+    request_content,
+    request_digest,
+)
+from pytest_evalreplay.run.context import ProgressSink, ProviderExit
+from pytest_evalreplay.settings import Settings
+
+
+def stream_into_journal(
+    recorder: TaskRecorder,
+    provider: Provider,
+    identity: tuple[str, Mapping[str, Any]],
+    requests: Sequence[Request],
+    settings: Settings,
+    *,
+    digest_of: Callable[[Request], str] = request_digest,
+    content_of: Callable[[Request], Mapping[str, Any]] = request_content,
+    prior: Mapping[RequestKey, int] | None = None,
+    progress: ProgressSink | None = None,
+    name: str | None = None,
+    on_answer: Callable[[RolloutKey, Generation], None] | None = None,
+    on_failure: Callable[[Failure], None] | None = None,
+    settle: bool = True,
+) -> None:
+    """Generate `requests` into `recorder`'s journal. `identity` is the
+    provider's digest and identity; `digest_of` names each request's content
+    (a task passes the digests it rendered at collection) and `content_of`
+    what its request row holds (an agent's turn: what it added to the turn
+    before); `on_answer` sees each generation once its row is written,
+    `on_failure` each final failure.
+    `settle=False` leaves the end's fsync and index catch-up to the caller
+    (an agent's turn batches: every row is already written, and fsynced
+    within `files.SYNC_SECONDS`; the episode runner settles once at its end)."""
+    pv, ident = identity
+    progress = progress or ProgressSink()
+    name = name or recorder.task
+    recorder.add(recorder.provider_rows(pv, ident))
+    progress.start(name, len(requests), sum(len(r.rollouts) for r in requests))
+    done_requests = done_samples = failures = tokens = 0
+    try:
+        for event in generate_events(provider, requests, settings.max_attempts, prior, settings.timeout):
+            if isinstance(event, RoundEnd):
+                if event.retries:
+                    recorder.flush()  # failed attempts are durable before any retry
+                continue
+            req = event.request
+            rq = digest_of(req)
+            rows = recorder.request_rows(rq, content_of(req))
+            if isinstance(event, Done):
+                for rollout, gen in zip(req.rollouts, event.generations, strict=True):
+                    rows.append(recorder.gen((req.stage, req.instance_id, rollout), rq, pv, gen))
+                    tokens += gen.completion_tokens or 0
+                done_requests += 1
+                done_samples += len(req.rollouts)
+            elif isinstance(event, Failed):
+                rows.append(recorder.fail(event.failure, rq, pv))
+                if event.failure.final:
+                    failures += 1
+                    done_requests += 1
+            recorder.add(rows)
+            if on_failure is not None and isinstance(event, Failed) and event.failure.final:
+                on_failure(event.failure)
+            if on_answer is not None and isinstance(event, Done):
+                for rollout, gen in zip(req.rollouts, event.generations, strict=True):
+                    on_answer((req.stage, req.instance_id, rollout), gen)
+            progress.update(name, done_requests, done_samples, failures, tokens)
+    except SystemExit as exc:
+        raise ProviderExit(f"the provider raised SystemExit({exc.code!r}); stopping the session") from None
+    finally:
+        progress.end(name)
+        if settle:
+            recorder.flush()  # what arrived is kept, also when the session is stopped

@@ -1,0 +1,1 @@
+"""The run dir: the writer, reading it back, shard dirs, merging, baselines."""

@@ -1,0 +1,240 @@
+"""Joining shard dirs into one output dir: pure logic over their markers and
+journal bytes (`sharddir.py` reads and writes the files).
+
+Each journal of the merged dir holds the rows of every shard's journal of
+that name, once: shards are taken in shard order and each one's rows in its
+file order, so every newest-wins rule of `JournalIndex` and `StageLog` reads
+as it did in the shard that wrote the rows (a rollout's rows come from the
+one shard that owns it; rows a shard copied from an earlier merge appear
+once). Stage records are compared without the run that wrote them: every
+shard of an ELO stage plans it from the same merged journal, so their plans
+are one. The output depends only on the inputs, never on the order the dirs
+are given in, so merging twice writes the same bytes.
+
+Refused, naming the dirs: a dir given twice, two dirs of one shard, shards
+of different counts or configurations (a task's requests, provider, model
+or stages), and two shards holding different results for one rollout (or
+different plans for one stage). Missing shards are not an error: their
+rollouts are missing from the merged dir, which `pytest --resume` finishes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from pytest_evalreplay.journal.rows import FORMAT, header_row
+from pytest_evalreplay.model import EvalReplayError
+
+CONFIG_FIELDS = {
+    "requests": "requests (prompts as rendered, sampling)",
+    "items": "number of items",
+    "kind": "provider kind",
+    "model": "model",
+    "provider": "provider configuration",
+    "stages": "ELO stage configuration (seed, references, judge, stages)",
+}
+
+
+@dataclass(frozen=True)
+class ShardDir:
+    """One input: its path as given, its marker, its journals (file name -> bytes)."""
+
+    label: str
+    marker: Mapping[str, Any]
+    journals: Mapping[str, bytes]
+
+    @property
+    def shard(self) -> tuple[int, int]:
+        k, _, n = str(self.marker["shard"]).partition("/")
+        return int(k), int(n)
+
+
+@dataclass
+class Merged:
+    journals: dict[str, bytes]
+    shards: list[str]  # "K/N" of each merged shard, in order
+    of: int
+    missing: list[int]  # shard numbers not given
+    tasks: dict[str, Any]  # each task's configuration
+    notes: list[str] = field(default_factory=list)
+    suite: Mapping[str, Any] | None = None  # how the first shard ran: the merge runs the suite so
+
+
+def merge(dirs: Sequence[ShardDir]) -> Merged:
+    if not dirs:
+        raise EvalReplayError("merge needs at least one shard dir")
+    for d in dirs:
+        if "shard" not in d.marker:
+            raise EvalReplayError(
+                f"{d.label} is a merged dir, not a shard: merge the shard dirs it was made from "
+                "with the others (or seed the next stage's shards with a copy of it)"
+            )
+    counts = {d.shard[1] for d in dirs}
+    if len(counts) > 1:
+        shown = ", ".join(f"{d.label} ({d.marker['shard']})" for d in dirs)
+        raise EvalReplayError(
+            f"these dirs are shards of different splits: {shown}; merge shards of one K/N run"
+        )
+    ordered = sorted(dirs, key=lambda d: (d.shard[0], d.label))
+    for a, b in itertools.pairwise(ordered):
+        if a.shard == b.shard:
+            raise EvalReplayError(
+                f"shard {a.marker['shard']} is given twice: {a.label} and {b.label} (a shard written "
+                "twice); pass the one that holds the shard's run"
+            )
+    tasks = _check_configs(ordered)
+    notes: list[str] = []
+    names = sorted({name for d in ordered for name in d.journals})
+    journals = {
+        name: merge_journal(name, [(d.label, d.journals[name]) for d in ordered if name in d.journals], notes)
+        for name in names
+    }
+    n = counts.pop()
+    given = {d.shard[0] for d in ordered}
+    return Merged(
+        journals=journals,
+        shards=[str(d.marker["shard"]) for d in ordered],
+        of=n,
+        missing=[k for k in range(1, n + 1) if k not in given],
+        tasks=tasks,
+        notes=notes,
+        suite=next((d.marker["suite"] for d in ordered if isinstance(d.marker.get("suite"), dict)), None),
+    )
+
+
+def _check_configs(dirs: Sequence[ShardDir]) -> dict[str, Any]:
+    """Every task's configuration, equal in every shard that ran it."""
+    seen: dict[str, tuple[str, Mapping[str, Any]]] = {}
+    for d in dirs:
+        for task, config in d.marker["tasks"].items():
+            first = seen.setdefault(task, (d.label, config))
+            if first[1] == config:
+                continue
+            what = next((f for f in CONFIG_FIELDS if first[1].get(f) != config.get(f)), "requests")
+            a, b = first[1].get(what), config.get(what)
+            shown = f"{a!r} vs {b!r}" if what in ("kind", "model", "items") else "they differ"
+            raise EvalReplayError(
+                f"{first[0]} and {d.label} are shards of different configurations: task {task!r}'s "
+                f"{CONFIG_FIELDS[what]} ({shown}); merge only shards of one run configuration (run the "
+                "odd shard again with the others' suite, options and provider)"
+            )
+    return {task: config for task, (_, config) in sorted(seen.items())}
+
+
+def _without_run(row: Mapping[str, Any]) -> bytes:
+    return orjson.dumps({k: v for k, v in row.items() if k != "run"}, option=orjson.OPT_SORT_KEYS)
+
+
+def _rows(label: str, name: str, data: bytes, notes: list[str]) -> list[tuple[bytes, dict[str, Any]]]:
+    """A journal's rows after its header (a torn last line, from a killed shard, is left out)."""
+    lines = data.split(b"\n")
+    if lines and lines[-1].strip():
+        notes.append(f"{label}/{name}:{len(lines)}: left out a torn last line (a shard killed mid-write)")
+    out: list[tuple[bytes, dict[str, Any]]] = []
+    for lineno, line in enumerate(lines[:-1], 1):
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            row = exc
+        if not isinstance(row, dict) or not isinstance(row.get("type"), str):
+            raise EvalReplayError(
+                f"{label}/{name}:{lineno}: not a journal row; repair that shard (pytest --resume into it "
+                "reports what is wrong) before merging"
+            )
+        if row["type"] == "header":
+            if row.get("format") != FORMAT:
+                raise EvalReplayError(
+                    f"{label}/{name}:{lineno}: a journal of another format ({row.get('format')!r}, this "
+                    f"version merges {FORMAT!r}); run that shard again with this version"
+                )
+            continue
+        out.append((line, row))
+    return out
+
+
+def _identity(row: Mapping[str, Any], line: bytes) -> Any:
+    """What makes two rows the same row: a request or provider row its digest;
+    a stage record its content less its run; any other row its bytes."""
+    kind = row["type"]
+    if kind in ("request", "provider"):
+        return (kind, row.get("digest"))
+    if kind == "stage":
+        return ("stage", _without_run(row))
+    return line
+
+
+def _subject(row: Mapping[str, Any]) -> Any:
+    """What a row decides (newest wins), to find two shards deciding it differently."""
+    kind = row["type"]
+    key = (row.get("stage"), row.get("instance_id"), row.get("rollout"))
+    if kind == "gen":
+        return ("a generation of", key, row.get("request"), row.get("provider"))
+    if kind == "score":
+        return ("the scores of", key, row.get("of"))
+    if kind == "stage" and row.get("kind") in ("planned", "complete"):
+        return (f"the {row['kind']} record of stage", row.get("stage"))
+    return None
+
+
+def _canonical(rows: Sequence[Mapping[str, Any]]) -> tuple[bytes, set[bytes]]:
+    """A subject's rows as compared across shards (less their run): the newest, and all."""
+    every = [_without_run(row) for row in rows]
+    return every[-1], set(every)
+
+
+def merge_journal(name: str, parts: Sequence[tuple[str, bytes]], notes: list[str]) -> bytes:
+    """One journal from the same-named journals of several shards (in shard order)."""
+    kept: list[bytes] = []
+    seen: set[Any] = set()
+    # subject -> (dir, its rows there, (newest, all) as compared): the comparable
+    # form is made only when a second shard decides the subject too (a rollout
+    # belongs to one shard, so mostly never: it was a third of the merge's time).
+    newest: dict[Any, tuple[str, list[dict[str, Any]], tuple[bytes, set[bytes]] | None]] = {}
+    task = name.removesuffix("-journal.jsonl")
+    for label, data in parts:
+        mine: dict[Any, list[dict[str, Any]]] = {}
+        for line, row in _rows(label, name, data, notes):
+            subject = _subject(row)
+            if subject is not None:
+                mine.setdefault(subject, []).append(row)
+            identity = _identity(row, line)
+            if identity not in seen:
+                seen.add(identity)
+                kept.append(line)
+        for subject, rows in mine.items():
+            other = newest.get(subject)
+            if other is None:
+                newest[subject] = (label, rows, None)
+                continue
+            other_last, other_every = other[2] or _canonical(other[1])
+            last, every = _canonical(rows)
+            if other_last != last and other_last not in every and last not in other_every:
+                what, *key = subject
+                raise EvalReplayError(
+                    f"{other[0]} and {label} hold conflicting results for one rollout: {what} "
+                    f"{_shown(key)} in {task!r} differs ({name}); a rollout belongs to one shard: was one "
+                    "dir written by two shards' runs, or a shard run twice with different results? Merge "
+                    "the dir that holds the shard's run and leave the other out"
+                )
+            if last not in other_every:
+                newest[subject] = (label, rows, (last, every | other_every))
+            else:
+                newest[subject] = (other[0], other[1], (other_last, other_every))
+    body = b"".join(line + b"\n" for line in kept)
+    run = "merged-" + hashlib.blake2b(body, digest_size=16).hexdigest()
+    return orjson.dumps(header_row(task, run), option=orjson.OPT_APPEND_NEWLINE) + body
+
+
+def _shown(key: Sequence[Any]) -> str:
+    if len(key) == 1:
+        return str(key[0])
+    stage, iid, rollout = key[0]
+    return f"{iid}[s{stage}-r{rollout}]"
