@@ -151,7 +151,15 @@ class LlmJudge:
 
     def verdict(self, text: str, trial: int) -> Verdict:
         """Trial `trial`'s verdict from the judge's reply, the positions swapped back."""
-        label = self._last_match(text)
+        labels = self._labels(text)
+        label = labels[0] if len(labels) == 1 else None
+        if len(labels) > 1:
+            reason = (
+                f"the judge's reply names conflicting verdicts {', '.join(labels)} where one of "
+                f"{self._asked()} was asked for (pattern {self.pattern!r}): {text[:_REPLY_SHOWN]!r}"
+                + (f" ({len(text)} characters)" if len(text) > _REPLY_SHOWN else "")
+            )
+            return Verdict(0.5 if self.unreadable == "tie" else None, UNREADABLE, reason)
         if label not in LABELS:
             said = "no verdict" if label is None else f"the verdict {label!r}"
             reason = (
@@ -165,9 +173,9 @@ class LlmJudge:
         candidate_is = "A" if trial % 2 == 0 else "B"
         return Verdict(1.0 if label == candidate_is else 0.0, label)
 
-    def _last_match(self, text: str) -> str | None:
-        matches = re.findall(self.pattern, text)
-        return str(matches[-1]).strip().upper() if matches else None
+    def _labels(self, text: str) -> list[str]:
+        """Every distinct label the reply names, sorted: one is a verdict, more conflict."""
+        return sorted({str(m).strip().upper() for m in re.findall(self.pattern, text)})
 
     def _asked(self) -> str:
         if self.pattern == DEFAULT_PATTERN:
@@ -208,7 +216,8 @@ def llm(
     saved verdicts, so no model is asked. `template` gets `{task}`,
     `{answer_a}` and `{answer_b}`; `pattern` has one group capturing `A`, `B`
     or `TIE` (default: `[[A]]`, `[[B]]`, `[[TIE]]`). A reply the pattern
-    cannot read is a judging failure (`unreadable="fail"`), or a tie with
+    cannot read, or one naming two different labels (`[[A]] ... [[B]]`: a
+    judge that changed its mind is not read as either), is a judging failure (`unreadable="fail"`), or a tie with
     `unreadable="tie"`; either way it is counted as unreadable.
     """
     return LlmJudge(

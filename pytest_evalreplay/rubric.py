@@ -54,16 +54,23 @@ class Graded:
 
     def read(self, reply: str) -> float | None:
         """1.0 (meets), 0.0 (does not), None (the reply says neither)."""
-        matches = GRADE_PATTERN.findall(reply)
-        if not matches:
+        grades = _grades(reply)
+        if len(grades) != 1:
             return None
-        return 1.0 if matches[-1].upper() == "YES" else 0.0
+        return 1.0 if grades[0] == "YES" else 0.0
+
+
+def _grades(reply: str) -> list[str]:
+    """Every distinct grade a reply names, sorted: one is a grade, more conflict."""
+    return sorted({m.strip().upper() for m in GRADE_PATTERN.findall(reply)})
 
 
 def unreadable_reason(reply: str) -> str:
     """Why a grade reply is unreadable, quoting it."""
     more = f" ({len(reply)} characters)" if len(reply) > _REPLY_SHOWN else ""
-    return f"the grader's reply has no [[YES]] or [[NO]]: {reply[:_REPLY_SHOWN]!r}{more}"
+    grades = _grades(reply)
+    said = f"conflicting grades {', '.join(grades)}" if len(grades) > 1 else "no [[YES]] or [[NO]]"
+    return f"the grader's reply has {said}: {reply[:_REPLY_SHOWN]!r}{more}"
 
 
 def graded(rubric: Any, judge: Any) -> Graded:

@@ -178,3 +178,14 @@ def test_under_xdist_the_grades_are_the_same(pytester, suite):
     asked = len(calls(pytester))
     assert pytester.runpytest("--evalreplay-output=run", "--resume", "-n", "2").ret == 0
     assert len(calls(pytester)) == asked
+
+
+@pytest.mark.parametrize("reply", ["[[YES]] [[NO]]", "[[no]] ... [[ yes ]]"])
+def test_a_grade_reply_saying_both_yes_and_no_is_unreadable(reply):
+    """Issue #30 case 5: `[[YES]] [[NO]]` was read as NO (the last marker won)."""
+    from pytest_evalreplay.rubric import unreadable_reason
+
+    graded = scorers.graded(rubric=["is polite"], judge=judges.llm("grader"))
+    assert graded.read(reply) is None
+    assert graded.read("[[YES]], I repeat: [[yes]]") == 1.0
+    assert f"conflicting grades NO, YES: {reply!r}" in unreadable_reason(reply)

@@ -83,8 +83,21 @@ def test_each_label_scores_the_candidate_swapped_back_on_odd_trials(
     assert judge().verdict(f"I pick [[{label}]].", trial) == Verdict(score, label)
 
 
-def test_the_last_verdict_in_a_reply_wins_and_spacing_is_allowed() -> None:
-    assert judge().verdict("maybe [[B]] ... on reflection [[ A ]]", 0) == Verdict(1.0, "A")
+def test_a_verdict_repeated_in_a_reply_reads_once_and_spacing_is_allowed() -> None:
+    assert judge().verdict("[[A]] ... so, to repeat: [[ a ]]", 0) == Verdict(1.0, "A")
+
+
+@pytest.mark.parametrize(
+    ("reply", "named"),
+    [("[[A]] and [[B]]", "A, B"), ("maybe [[B]] ... on reflection [[ A ]]", "A, B"), ("[[TIE]] [[B]]", "B, TIE")],
+)
+@pytest.mark.parametrize("unreadable", ["fail", "tie"])
+def test_conflicting_verdicts_in_one_reply_are_unreadable(reply: str, named: str, unreadable: str) -> None:
+    """Issue #30 case 5: `[[A]] and [[B]]` was read as A (the last marker won)."""
+    v = judge(unreadable=unreadable).verdict(reply, 0)  # type: ignore[arg-type]
+    assert v.label == UNREADABLE and not v.readable
+    assert v.score == (0.5 if unreadable == "tie" else None)
+    assert v.reason is not None and f"conflicting verdicts {named}" in v.reason and repr(reply) in v.reason
 
 
 def test_a_custom_pattern_reads_its_own_labels() -> None:
