@@ -217,8 +217,9 @@ def llm(
     `{answer_a}` and `{answer_b}`; `pattern` has one group capturing `A`, `B`
     or `TIE` (default: `[[A]]`, `[[B]]`, `[[TIE]]`). A reply the pattern
     cannot read, or one naming two different labels (`[[A]] ... [[B]]`: a
-    judge that changed its mind is not read as either), is a judging failure (`unreadable="fail"`), or a tie with
-    `unreadable="tie"`; either way it is counted as unreadable.
+    judge that changed its mind is not read as either), is a judging failure
+    (`unreadable="fail"`), or a tie with `unreadable="tie"`; either way it is
+    counted as unreadable.
     """
     return LlmJudge(
         provider=provider,

@@ -173,6 +173,16 @@ CASES: dict[str, Case] = {
         prepare="run",
         message="replaying a run into itself would overwrite what it replays",
     ),
+    "report on the run dir's journal": Case(
+        ("--evalreplay-report=run/t-journal.jsonl",),
+        prepare="run",
+        message="t-journal.jsonl is one of the output dir's own files",
+    ),
+    "compare with the output dir": Case(
+        ("--evalreplay-compare=run",),
+        prepare="run",
+        message="run: this run overwrites what it would compare with. Copy the saved run elsewhere first",
+    ),
     "output dir inside the replayed run": Case(
         ("--evalreplay-predictions=saved", "--evalreplay-output=saved/sub"),
         prepare="saved-run",

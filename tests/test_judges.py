@@ -89,7 +89,11 @@ def test_a_verdict_repeated_in_a_reply_reads_once_and_spacing_is_allowed() -> No
 
 @pytest.mark.parametrize(
     ("reply", "named"),
-    [("[[A]] and [[B]]", "A, B"), ("maybe [[B]] ... on reflection [[ A ]]", "A, B"), ("[[TIE]] [[B]]", "B, TIE")],
+    [
+        ("[[A]] and [[B]]", "A, B"),
+        ("maybe [[B]] ... on reflection [[ A ]]", "A, B"),
+        ("[[TIE]] [[B]]", "B, TIE"),
+    ],
 )
 @pytest.mark.parametrize("unreadable", ["fail", "tie"])
 def test_conflicting_verdicts_in_one_reply_are_unreadable(reply: str, named: str, unreadable: str) -> None:

@@ -327,3 +327,34 @@ def test_a_task_imported_into_a_second_module_is_collected_and_generated_once(py
     assert [x for x in ids if "t::i0" in x] == ["test_evals.py::t::i0[s1-r0]"]
     run(pytester).assert_outcomes(passed=5)
     assert len(project.asked()) == 3
+
+
+# -- issue #30 case 2: an output path on one of the run dir's own files ------------
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        "--evalreplay-report=run/t-journal.jsonl",
+        "--evalreplay-report=run/manifest.json",
+        "--evalreplay-report=run/.evalreplay-locks/t.lock",
+        "--evalreplay-baseline=run/t-metrics.json",
+        "--evalreplay-compare=run",
+    ],
+)
+def test_an_output_path_on_the_run_dirs_own_files_is_refused_and_nothing_is_lost(pytester, project, option):
+    project.make(n=3, samples=1)
+    run(pytester).assert_outcomes(passed=4)
+    before = {p.name: p.read_bytes() for p in project.out.iterdir() if p.is_file()}
+    extra = ("--evalreplay-update-baseline",) if "baseline" in option else ()
+    result = run(pytester, option, *extra)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    name = option.split("=")[0]
+    result.stderr.fnmatch_lines([f"*{name} *output dir*"])
+    assert {p.name: p.read_bytes() for p in project.out.iterdir() if p.is_file()} == before
+
+
+def test_a_report_beside_the_run_dirs_files_is_written(pytester, project):
+    project.make(n=3, samples=1)
+    run(pytester, "--evalreplay-report=run/report.md").assert_outcomes(passed=4)
+    assert (project.out / "report.md").read_text().startswith("#")

@@ -28,7 +28,11 @@ from pytest_evalreplay.numbers.gates import BaselineTask, PairedDrop
 from pytest_evalreplay.numbers.metrics import TaskOutcome
 from pytest_evalreplay.numbers.planning import Decisions, TaskPlan
 from pytest_evalreplay.providers import ProviderHost
-from pytest_evalreplay.rundir.writer import prepare_output_dir, refuse_self_replay
+from pytest_evalreplay.rundir.writer import (
+    prepare_output_dir,
+    refuse_self_replay,
+    refuse_writing_over_run_dir,
+)
 from pytest_evalreplay.settings import Settings
 
 
@@ -79,6 +83,14 @@ class RunContext:
             out = self.output_factory()
             if self.settings.predictions is not None and self.settings.provider == "replay":
                 refuse_self_replay(self.settings.predictions, out)
+            refuse_writing_over_run_dir(
+                out,
+                writes={
+                    "report": self.settings.report,
+                    "baseline": self.settings.baseline if self.settings.update_baseline else None,
+                },
+                reads={"compare": self.settings.compare},
+            )
             prepare_output_dir(out)
             self._output = out
         return self._output

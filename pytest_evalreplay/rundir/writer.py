@@ -55,6 +55,7 @@ from pytest_evalreplay.storage.runschema import (
     SESSION_WORKERS,
     TRANSCRIPTS_SUFFIX,
     WORKERS_GONE_WAIT,
+    is_own_name,
     prediction_row,
     request_row,
     task_files,
@@ -297,6 +298,36 @@ def refuse_self_replay(predictions: Path, output: Path) -> None:
             f"the output dir {output} is inside the saved run {predictions}: a replay would write into "
             "what it replays. Pass --evalreplay-output=OTHER_DIR outside it"
         )
+
+
+def refuse_writing_over_run_dir(
+    output: Path, writes: Mapping[str, Path | None], reads: Mapping[str, Path | None]
+) -> None:
+    """Files a session writes at its end (`writes`, option -> path) never land
+    on the run dir's own files, and a saved run it compares with (`reads`) is
+    not the run dir this session overwrites."""
+    try:
+        out = output.resolve()
+    except OSError:
+        return
+    for option, path in writes.items():
+        if path is None:
+            continue
+        target = path.resolve()
+        inside_own_dir = any(out / d in target.parents for d in OWN_DIRS)
+        if inside_own_dir or (target.parent == out and is_own_name(target.name)):
+            raise EvalReplayError(
+                f"--evalreplay-{option} {path} is one of the output dir's own files ({output}): writing "
+                f"it would destroy saved results. Write it elsewhere, e.g. "
+                f"--evalreplay-{option}={out.parent / target.name}"
+            )
+    for option, path in reads.items():
+        if path is not None and (path.resolve() == out or out in path.resolve().parents):
+            raise EvalReplayError(
+                f"--evalreplay-{option} {path} is inside the output dir {output}: this run overwrites what "
+                "it would compare with. Copy the saved run elsewhere first, or pass "
+                "--evalreplay-output=OTHER_DIR"
+            )
 
 
 @dataclass

@@ -55,6 +55,25 @@ REQUEST_FIELDS = ("instance_id", "request_type", "context", "system_prompt", "nu
 SAVED_SAMPLING = "saved_sampling"
 
 
+JOURNAL_SUFFIX = "-journal.jsonl"
+SHARD_MARKER = "evalreplay-shard.json"
+# Every name in an output dir that the plugin writes or reads as its own.
+_OWN_NAMES = frozenset({MANIFEST, SHARD_MARKER, "CACHEDIR.TAG", ".gitignore"})
+_OWN_SUFFIXES = (JOURNAL_SUFFIX, REQUESTS_SUFFIX, PREDICTIONS_SUFFIX, METRICS_SUFFIX, TRANSCRIPTS_SUFFIX)
+
+
+def is_own_name(name: str) -> bool:
+    """Whether a file of this name in an output dir is one of the run dir's
+    own (saved results, locks, markers): a user's file written there under
+    such a name would destroy or be taken for saved results."""
+    return (
+        name in _OWN_NAMES
+        or name.endswith(_OWN_SUFFIXES)
+        or name.startswith(".evalreplay")
+        or (name.startswith(".") and name.endswith(".lock"))
+    )
+
+
 def task_files(directory: Path, task: str) -> dict[str, Path]:
     """A task's three files in a run dir."""
     return {
