@@ -307,3 +307,43 @@ def test_parse_server_keeps_the_host_and_hides_the_password() -> None:
 def test_generations_are_generations() -> None:
     (gen,) = parse_generations(body({"index": 0, "text": "ok"}), 1, False)  # type: ignore[misc]
     assert isinstance(gen, Generation) and gen.text == "ok"
+
+
+class EchoAuthorization(Action):
+    """A 400 whose body repeats the request's Authorization header (some servers do)."""
+
+    name = "echo"
+
+    def __call__(self, handler: Any, body: dict[str, Any]) -> None:
+        handler.stub._event("failed", handler.path, body, status=400)
+        said = handler.headers.get("Authorization")
+        handler.reply(400, {"error": {"message": f"bad key {said}; Authorization: {said}", "code": 400}})
+
+
+KEY = "sk-test-0123456789abcdef"
+
+
+def test_an_api_key_a_server_echoes_is_never_saved_or_shown(stub: StubServer) -> None:
+    """Issue #30 case 6: a server echoing the key put `sk-...` into the journal and the terminal."""
+    stub.default = EchoAuthorization()
+    with OpenAIProvider(stub.url, STUB_MODEL, retries=0, api_key=KEY) as provider:
+        (error,) = provider.generate([make_request("x")])
+    assert isinstance(error, GenerationError)
+    assert KEY not in error.message and "HTTP 400" in error.message
+    assert "bad key Bearer ***" in error.message and "Authorization: Bearer ***" in error.message
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (f"key {KEY} here", "key *** here"),
+        ("Authorization: Bearer abc.def-ghi", "Authorization: Bearer ***"),
+        ("'authorization': 'Basic dXNlcjpwYXNz'", "'authorization': 'Basic ***'"),
+        ("http://user:secret@h:1/v1", "http://user:***@h:1/v1"),
+        ("nothing to hide", "nothing to hide"),
+    ],
+)
+def test_redact_hides_the_key_authorization_values_and_url_passwords(text: str, shown: str) -> None:
+    from pytest_evalreplay.providers.openai_balancer import redact
+
+    assert redact(text, (KEY,)) == shown

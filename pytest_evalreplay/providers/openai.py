@@ -55,7 +55,7 @@ from pytest_evalreplay.model import (
     Request,
 )
 from pytest_evalreplay.providers.engine_requests import unsupported
-from pytest_evalreplay.providers.openai_balancer import Balancer, Server, parse_server, redact_url
+from pytest_evalreplay.providers.openai_balancer import Balancer, Server, parse_server, redact
 from pytest_evalreplay.providers.openai_breaker import GIVE_UP_AFTER, GIVE_UP_FAILURES, Breaker
 from pytest_evalreplay.providers.openai_calls import Call, Caller
 from pytest_evalreplay.providers.openai_loglikelihood import combine_scores, plan_scoring
@@ -243,7 +243,7 @@ class OpenAIProvider:
             else:
                 with ThreadPoolExecutor(min(len(self.servers), 16)) as pool:
                     checks = list(pool.map(self._probe, self.servers))
-            found = [redact_url(c.problem) for c in checks if c.problem is not None]
+            found = [redact(c.problem, self._caller.secrets) for c in checks if c.problem is not None]
             if found:
                 what = (
                     "its server"
@@ -256,7 +256,7 @@ class OpenAIProvider:
                     "Every --evalreplay-base-url must be running and serve the model under the name "
                     "--evalreplay-model gives (vLLM: --served-model-name)."
                 )
-            self.notes.extend(redact_url(c.note) for c in checks if c.note is not None)
+            self.notes.extend(redact(c.note, self._caller.secrets) for c in checks if c.note is not None)
             self._checked = True
 
     def _probe(self, server: Server) -> ModelCheck:
@@ -336,7 +336,12 @@ class OpenAIProvider:
                 parts[i][k] = draw_outcome(future)
                 left[i] -= 1
                 if not left[i]:
-                    yield i, combine(parts.pop(i))
+                    outcome = combine(parts.pop(i))
+                    if isinstance(outcome, GenerationError):
+                        outcome = GenerationError(
+                            redact(outcome.message, self._caller.secrets), outcome.retryable
+                        )
+                    yield i, outcome
             complete = True
         finally:
             with self._lock:

@@ -34,6 +34,31 @@ def redact_url(text: str) -> str:
     return _USERINFO.sub(hide, text)
 
 
+# An Authorization value as a header or a JSON/Python mapping shows it, and a
+# bearer token anywhere: the scheme word is kept, the credential hidden.
+_AUTHORIZATION = re.compile(
+    r"""(?P<lead>authorization["']?\s*[:=]\s*["']?)(?P<scheme>(?:bearer|basic|token)\s+)?[^\s"',;]+""",
+    re.IGNORECASE,
+)
+_BEARER = re.compile(r"""(?P<lead>\bbearer\s+)[^\s"',;]+""", re.IGNORECASE)
+# A configured key shorter than this is not looked for in texts (`EMPTY`, `x`):
+# hiding every occurrence of a common word would garble messages, not protect a secret.
+MIN_SECRET = 6
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """`text` with every credential in it hidden: URL passwords (`redact_url`),
+    each configured secret (the API key), and Authorization values and bearer
+    tokens, which a server may echo in an error body. Every text the openai
+    provider saves or prints goes through this."""
+    for secret in secrets:
+        if len(secret) >= MIN_SECRET:
+            text = text.replace(secret, "***")
+    text = _AUTHORIZATION.sub(lambda m: f"{m['lead']}{m['scheme'] or ''}***", text)
+    text = _BEARER.sub(lambda m: f"{m['lead']}***", text)
+    return redact_url(text)
+
+
 @dataclass(frozen=True)
 class Server:
     """One server's address; `url` is its normalized base URL, credentials

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pytest_evalreplay.providers.openai_balancer import Balancer, Server
+from pytest_evalreplay.providers.openai_balancer import Balancer, Server, redact
 from pytest_evalreplay.providers.openai_breaker import Breaker
 from pytest_evalreplay.providers.openai_watchdog import Connections, Run, Watchdog, post
 from pytest_evalreplay.providers.openai_wire import (
@@ -67,6 +67,7 @@ class Caller:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self._api_key = api_key
+        self.secrets = (api_key,) if api_key else ()  # hidden in every text a server sends back
         self._balancer = balancer
         self._breaker = breaker
         self._gave_up: str | None = None  # the breaker's message, once it opened
@@ -133,7 +134,9 @@ class Caller:
                     failed_on.add(got)
                     continue
                 where = f"{self.servers[got].url}{path}"
-                message = f"HTTP {outcome.status} from {where}: {server_message(outcome.body)}"
+                message = redact(
+                    f"HTTP {outcome.status} from {where}: {server_message(outcome.body)}", self.secrets
+                )
                 retryable = outcome.status >= 500 or outcome.status in RETRY_STATUS
                 if not retryable:
                     return CallFailure(message, retryable=False)
