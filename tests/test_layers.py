@@ -1,6 +1,7 @@
-"""The package's import graph has no cycles.
+"""The package's import graph has no cycles, no module is over 500 lines,
+and the package root holds exactly the modules docs/architecture.md lists.
 
-Measured from the source with `ast`, not from what Python happens to import
+Cycles are measured from the source with `ast`, not from what Python happens to import
 at run time: every `pytest_evalreplay` import counts, including imports
 inside functions and under `TYPE_CHECKING`, because a deferred import is
 still a dependency that keeps two modules from being understood (or split)
@@ -11,12 +12,15 @@ cycles.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 PACKAGE = "pytest_evalreplay"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+ARCHITECTURE = ROOT.parent / "docs" / "architecture.md"
+MAX_LINES = 500
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -209,6 +213,64 @@ def test_graph_sees_a_package_and_its_submodules(tmp_path: Path) -> None:
     graph = import_graph(pkg)
     assert graph[f"{PACKAGE}.sub.other"] == {f"{PACKAGE}.sub.shared": 1}
     assert cycles(graph) == [[f"{PACKAGE}.sub", f"{PACKAGE}.sub.reader"]]
+
+
+def long_modules(root: Path = ROOT, limit: int = MAX_LINES) -> list[str]:
+    """Each module over `limit` lines, with its length."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > limit:
+            found.append(f"{path.relative_to(root.parent)}: {lines} lines")
+    return found
+
+
+def test_no_module_over_500_lines() -> None:
+    long = long_modules()
+    assert not long, f"over {MAX_LINES} lines (a module with two jobs: split it):\n" + "\n".join(long)
+
+
+def test_long_modules_counts_lines(tmp_path: Path) -> None:
+    pkg = tmp_path / PACKAGE
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "short.py").write_text("x = 1\n" * 3)
+    (pkg / "sub" / "long.py").write_text("x = 1\n" * 4)
+    assert long_modules(pkg, limit=3) == [f"{PACKAGE}/sub/long.py: 4 lines"]
+
+
+def documented_modules(doc: str) -> list[str]:
+    """The modules of the "Who owns what" table's first column, as paths in
+    the package (`run/session.py`), in the order the table names them."""
+    section = doc.split("\n## Who owns what\n", 1)[1].split("\n## ", 1)[0]
+    return [
+        name
+        for line in section.splitlines()
+        if line.startswith("| `")
+        for name in re.findall(r"`([^`]+\.py)`", line.split("|")[1])
+    ]
+
+
+def test_the_package_root_holds_only_the_modules_architecture_lists() -> None:
+    listed = documented_modules(ARCHITECTURE.read_text(encoding="utf-8"))
+    doc = ARCHITECTURE.relative_to(ROOT.parent)
+    twice = sorted({name for name in listed if listed.count(name) > 1})
+    assert not twice, f"{doc} lists these modules more than once in 'Who owns what': {twice}"
+    stale = [name for name in listed if not (ROOT / name).is_file()]
+    assert not stale, f"{doc} lists modules that do not exist (update its 'Who owns what'): {stale}"
+    root = sorted(path.name for path in ROOT.glob("*.py"))
+    unlisted = [name for name in root if name not in listed]
+    assert not unlisted, (
+        f"{PACKAGE}/ holds modules {doc} does not list: {unlisted}; "
+        "move each into the subpackage of its role, or add it to the doc's layers and 'Who owns what'"
+    )
+
+
+def test_documented_modules_reads_the_first_column() -> None:
+    doc = (
+        "# A\n\n## Who owns what\n\n| module | owns |\n|---|---|\n"
+        "| `a.py`, `sub/b.py` | the `c.py` of it |\n\n## Next\n\n| `d.py` | x |\n"
+    )
+    assert documented_modules(doc) == ["a.py", "sub/b.py"]
 
 
 if __name__ == "__main__":
