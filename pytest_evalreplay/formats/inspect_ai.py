@@ -47,6 +47,14 @@ ZSTD = 93  # zip compression method: Zstandard
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length
 
 
+# A member of a .eval log is unpacked whole into memory: one sample, or the
+# header. inspect_ai's own members are far under these (the shipped logs: a
+# few KB; a long agent sample: tens of MB, packed 5-20 to 1).
+MAX_MEMBER_BYTES = 1 << 30
+MAX_RATIO = 200  # unpacked / packed; checked for members over MAX_RATIO_FLOOR
+MAX_RATIO_FLOOR = 16 << 20
+
+
 def is_log(path: Path) -> bool:
     return path.name.endswith(SUFFIX)
 
@@ -236,6 +244,7 @@ def _json(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> Any:
 
 
 def _member(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    _check_size(path, info)
     try:
         return archive.read(info)
     except NotImplementedError:
@@ -250,6 +259,26 @@ def _member(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> byte
             f"{path}:{info.filename}: cannot read this member of the .eval log ({exc}); "
             "the log is damaged: write it again with inspect_ai"
         ) from None
+
+
+def _check_size(path: Path, info: zipfile.ZipInfo) -> None:
+    """Refuse a member before unpacking it when its size, as the zip directory
+    says, is beyond what a log holds: zipfile (and the zstd path) never unpack
+    more than that size, so a lying directory gets a CRC error, not a bomb."""
+    where = f"{path}:{info.filename}"
+    if info.file_size > MAX_MEMBER_BYTES:
+        raise EvalReplayError(
+            f"{where}: unpacks to {info.file_size:,} bytes, more than the {MAX_MEMBER_BYTES:,} a member "
+            "of an .eval log may hold here; a sample this large is not replayed: write the log again "
+            "with fewer or smaller samples, or delete this member"
+        )
+    packed = max(info.compress_size, 1)
+    if info.file_size > MAX_RATIO_FLOOR and info.file_size > MAX_RATIO * packed:
+        raise EvalReplayError(
+            f"{where}: unpacks to {info.file_size:,} bytes from {info.compress_size:,} "
+            f"({info.file_size // packed:,} to 1, more than the {MAX_RATIO} to 1 of real JSON): the log "
+            "looks like a zip bomb, not an inspect_ai log; write it again with inspect_ai, or delete it"
+        )
 
 
 def _zstd_member(path: Path, info: zipfile.ZipInfo) -> bytes:
