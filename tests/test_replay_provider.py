@@ -554,3 +554,30 @@ def test_saved_log_likelihoods_come_back_exactly(tmp_path: Path, items: list[Any
         [tuple(p) for p in pairs[: len(r.continuations)]]
         for r, (_, pairs) in zip(requests, items, strict=True)
     ]
+
+
+@pytest.mark.parametrize(
+    ("field", "other"),
+    [("finish_reason", "length"), ("completion_tokens", 9), ("prompt_tokens", 7), ("metadata", {"k": 1})],
+)
+@pytest.mark.parametrize("where", ["one instance saved twice", "two instances of one prompt"])
+def test_saves_of_one_prompt_that_differ_in_what_replay_serves_are_not_served(
+    tmp_path: Path, field: str, other: Any, where: str
+) -> None:
+    """Issue #30 case 12: two saves with one text but another finish_reason or
+    token count both got the first save's."""
+    first = pred("a", "same")
+    second = pred("a" if where == "one instance saved twice" else "b", "same")
+    second["generations"][0][field] = other
+    requests = [req("a"), req("a" if where == "one instance saved twice" else "b", context="Q a?")]
+    save(tmp_path, "t", requests, [first, second])
+    (result,) = ReplayProvider.from_path(tmp_path).generate([req("a")])
+    assert isinstance(result, GenerationError) and not result.retryable, result
+    assert field in result.message
+
+
+def test_saves_that_agree_on_everything_are_served(tmp_path: Path) -> None:
+    requests = [req("a"), req("b", context="Q a?")]
+    save(tmp_path, "t", requests, [pred("a", "same"), pred("b", "same")])
+    (gens,) = ReplayProvider.from_path(tmp_path).generate([req("a")])
+    assert [(g.text, g.finish_reason, g.completion_tokens) for g in gens] == [("same", "stop", 1)]

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from pytest_evalreplay.formats import load
 from pytest_evalreplay.formats.closest import closest, describe
 from pytest_evalreplay.formats.saved import SavedIndex, SavedRow, key_of
@@ -54,19 +56,37 @@ class Save:
         return tuple(answer_of(self.samples[r]) for r in sorted(self.samples))
 
 
-Answer = tuple[str, tuple[tuple[float, bool], ...]]
+Answer = tuple[Any, ...]
+# What replay serves of a sample besides its text and log-likelihoods: two
+# saves of one sample must agree on all of it, or neither is served.
+_SERVED_FIELDS = ("finish_reason", "prompt_tokens", "completion_tokens", "metadata")
 
 
 def answer_of(generation: Generation) -> Answer:
-    """What two saves of one sample must agree on: the raw text, and a
-    loglikelihood answer's pairs."""
-    return generation.raw_text, tuple(generation.loglikelihoods)
+    """What two saves of one sample must agree on: everything `served` hands
+    on (the raw text, a loglikelihood answer's pairs, the finish reason, the
+    token counts and the metadata)."""
+    return (
+        generation.raw_text,
+        tuple(generation.loglikelihoods),
+        *(getattr(generation, f) for f in _SERVED_FIELDS[:3]),
+        orjson.dumps(generation.metadata, option=orjson.OPT_SORT_KEYS),
+    )
 
 
-def _shown(generation: Generation) -> str:
-    if generation.loglikelihoods:
-        return f"log-likelihoods {show([ll for ll, _ in generation.loglikelihoods], 40)}"
-    return show(generation.raw_text, 40)
+def _shown(first: Generation, other: Generation) -> tuple[str, str]:
+    """How two saves of one sample differ, each side as shown in a message."""
+    if first.loglikelihoods != other.loglikelihoods:
+        return tuple(  # type: ignore[return-value]
+            f"log-likelihoods {show([ll for ll, _ in g.loglikelihoods], 40)}" for g in (first, other)
+        )
+    if first.raw_text != other.raw_text:
+        return show(first.raw_text, 40), show(other.raw_text, 40)
+    for name in _SERVED_FIELDS:
+        a, b = getattr(first, name), getattr(other, name)
+        if a != b:
+            return f"{show(first.raw_text, 40)} with {name} {show(a, 40)}", f"{name} {show(b, 40)}"
+    return show(first.raw_text, 40), show(other.raw_text, 40)
 
 
 def merge(rows: Sequence[SavedRow]) -> list[Save]:
@@ -88,12 +108,23 @@ def merge(rows: Sequence[SavedRow]) -> list[Save]:
                     found_at[r] = row.where
                     samplings[r] = row.sampling
                 elif answer_of(first) != answer_of(generation):
+                    was, now = _shown(first, generation)
                     conflicts.append(
-                        f"sample {r} of instance {iid} is {_shown(first)} at {found_at[r]} "
-                        f"but {_shown(generation)} at {row.where}"
+                        f"sample {r} of instance {iid} is {was} at {found_at[r]} but {now} at {row.where}"
                     )
         saves.append(Save(iid, stage, samples, tuple(r.where for r in group), tuple(conflicts), samplings))
     return saves
+
+
+def _first_difference(saves: Sequence[Save]) -> str:
+    """The first way two saves of a prompt differ, as a message says it."""
+    base = saves[0]
+    for other in saves[1:]:
+        for r in sorted(base.samples.keys() & other.samples.keys()):
+            if answer_of(base.samples[r]) != answer_of(other.samples[r]):
+                was, now = _shown(base.samples[r], other.samples[r])
+                return f"sample {r} is {was} in one, {now} in another"
+    return "their sample counts differ"
 
 
 def choose(saves: Sequence[Save], stage: int) -> list[Save] | None:
@@ -216,8 +247,8 @@ class ReplayProvider:
             more = f" and {len(saves) - 4} more" if len(saves) > 4 else ""
             return GenerationError(
                 f"replay: this prompt ({where}) was saved {len(saves)} times with different "
-                f"generations: {listing}{more}; replay cannot tell which to serve: give those "
-                "instances distinct prompts, or delete the saves you do not want"
+                f"generations ({_first_difference(saves)}): {listing}{more}; replay cannot tell which to "
+                "serve: give those instances distinct prompts, or delete the saves you do not want"
             )
         conflicts = [c for s in chosen for c in s.conflicts]
         if conflicts:
