@@ -347,3 +347,17 @@ def test_redact_hides_the_key_authorization_values_and_url_passwords(text: str, 
     from pytest_evalreplay.providers.openai_balancer import redact
 
     assert redact(text, (KEY,)) == shown
+
+
+@pytest.mark.parametrize("count", [-1, -5, True, 2.5, "3"])
+def test_a_token_count_that_is_not_a_count_is_dropped_and_the_answer_kept(count: Any) -> None:
+    """Issue #30 case 14: a negative token count from a server failed the item."""
+    raw = orjson.dumps(
+        {
+            "choices": [{"index": 0, "text": "fine", "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": count, "completion_tokens": count},
+        }
+    )
+    (gen,) = parse_generations(raw, 1, False)  # type: ignore[misc]
+    assert (gen.text, gen.prompt_tokens, gen.completion_tokens) == ("fine", None, None)
+    assert gen.problem() is None

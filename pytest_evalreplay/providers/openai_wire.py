@@ -119,10 +119,16 @@ def server_message(raw: bytes) -> str:
     return orjson.dumps(data).decode()[:500]
 
 
+def _count(value: Any) -> int | None:
+    """A token count as a server gives it, or None when it is not one (negative,
+    a float, a bool, a string): the answer is kept, only the count is dropped."""
+    return value if type(value) is int and value >= 0 else None
+
+
 def _choice_tokens(choice: Mapping[str, Any]) -> int | None:
     usage = choice.get("usage")
-    own = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return own if own is not None else choice.get("completion_tokens")
+    own = _count(usage.get("completion_tokens")) if isinstance(usage, dict) else None
+    return own if own is not None else _count(choice.get("completion_tokens"))
 
 
 def _choice_text(
@@ -201,9 +207,9 @@ def parse_generations(raw: bytes, n: int, chat: bool) -> list[Generation] | Call
         return Malformed(f"malformed response from the server: {choices}", retryable=False)
     usage = data.get("usage")
     usage = usage if isinstance(usage, dict) else {}
-    prompt_tokens = usage.get("prompt_tokens")
-    total = usage.get("completion_tokens")
-    share = int(total / n + 0.5) if isinstance(total, (int, float)) else None
+    prompt_tokens = _count(usage.get("prompt_tokens"))
+    total = _count(usage.get("completion_tokens"))
+    share = int(total / n + 0.5) if total is not None else None
     gens = []
     for c in choices:
         answer = _choice_text(c, chat)
@@ -216,8 +222,8 @@ def parse_generations(raw: bytes, n: int, chat: bool) -> list[Generation] | Call
             Generation(
                 text=text,
                 finish_reason=c.get("finish_reason") if isinstance(c.get("finish_reason"), str) else None,
-                prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
-                completion_tokens=own if isinstance(own, int) else share,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=own if own is not None else share,
                 metadata=metadata,
                 tool_calls=tool_calls,
             )
