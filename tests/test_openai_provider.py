@@ -147,8 +147,22 @@ def test_an_unreachable_server_at_start_is_a_clear_error(stub: StubServer) -> No
     url = gone.url
     gone.stop()
     with pytest.raises(EvalReplayError) as info:
-        openai_mod.from_settings(Settings(provider="openai", model=STUB_MODEL, base_urls=(stub.url, url)))
+        openai_mod.from_settings(Settings(provider="openai", model=STUB_MODEL, base_urls=(url,)))
     assert f"{url}: unreachable" in str(info.value) and "is the server running" in str(info.value)
+
+
+def test_one_of_two_servers_down_at_start_runs_on_the_live_one_and_says_so(stub: StubServer) -> None:
+    """Issue #30 case 14: one unreachable base URL of two refused the whole run."""
+    gone = StubServer(STUB_MODEL).start()
+    url = gone.url
+    gone.stop()
+    with openai_mod.from_settings(
+        Settings(provider="openai", model=STUB_MODEL, base_urls=(url, stub.url))
+    ) as provider:
+        assert all(len(ok(r)) == 1 for r in provider.generate([req(f"x{i}") for i in range(4)]))
+        (note,) = provider.notes
+    assert f"{url}: unreachable" in note and "running on the 1 other server" in note
+    assert stub.count("answered") == 4
 
 
 def test_models_check_failing_with_http_names_the_status_and_key(stub: StubServer) -> None:

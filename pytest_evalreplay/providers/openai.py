@@ -243,6 +243,18 @@ class OpenAIProvider:
             else:
                 with ThreadPoolExecutor(min(len(self.servers), 16)) as pool:
                     checks = list(pool.map(self._probe, self.servers))
+            live = [c.problem is None for c in checks]
+            if any(live) and all(c.down for c in checks if c.problem is not None):
+                for i, check in enumerate(checks):
+                    if check.problem is not None:  # down now; tried again after a cool-down
+                        self._caller.put_out(i)
+                        others = sum(live)
+                        self.notes.append(
+                            redact(check.problem, self._caller.secrets)
+                            + f"; running on the {others} other server{'s' * (others != 1)}, this one is "
+                            "tried again after a cool-down"
+                        )
+                checks = [c for c in checks if c.problem is None]
             found = [redact(c.problem, self._caller.secrets) for c in checks if c.problem is not None]
             if found:
                 what = (

@@ -150,6 +150,14 @@ class Balancer:
             h.failures = 0
             h.probation = True
 
+    def put_out(self, i: int, now: float) -> None:
+        """Server `i` was down at the start: out for a cool-down, then tried on
+        probation like a server that failed in the run."""
+        h = self.health[i]
+        h.out_until = now + min(self.cool_down * 2**h.level, self.max_cool_down)
+        h.level += 1
+        h.probation = True
+
     def back_at(self, now: float) -> float | None:
         """When the soonest server that is out comes back (None: none is out;
         only a probe in flight keeps the rest waiting)."""

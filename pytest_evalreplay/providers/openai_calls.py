@@ -216,6 +216,11 @@ class Caller:
                 self.notes.append(self._gave_up)
             self._cond.notify_all()
 
+    def put_out(self, index: int) -> None:
+        """Server `index` was down when the provider started (see Balancer.put_out)."""
+        with self._cond:
+            self._balancer.put_out(index, time.monotonic())
+
     def headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self._api_key:

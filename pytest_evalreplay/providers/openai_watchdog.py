@@ -260,10 +260,13 @@ def get_models(
         raw = resp.read()
     except (OSError, http.client.HTTPException) as exc:
         if watch.finish() == "timeout" or isinstance(exc, TimeoutError):
-            return ModelCheck(f"{server.url}: no answer to GET {server.prefix}/models within {limit:g} s")
+            return ModelCheck(
+                f"{server.url}: no answer to GET {server.prefix}/models within {limit:g} s", down=True
+            )
         return ModelCheck(
             f"{server.url}: unreachable ({type(exc).__name__}: {exc}); "
-            "is the server running, and is the URL right?"
+            "is the server running, and is the URL right?",
+            down=True,
         )
     finally:
         watch.finish()

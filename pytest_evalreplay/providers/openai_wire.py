@@ -243,6 +243,7 @@ class ModelCheck:
 
     problem: str | None = None
     note: str | None = None
+    down: bool = False  # no answer at all: the server may come up later, unlike a wrong model
 
 
 def check_model_list(url: str, prefix: str, status: int, raw: bytes, model: str) -> ModelCheck:
