@@ -185,9 +185,11 @@ class Project:
     def elo(self) -> dict:
         return self.metrics()["elo"]
 
+    def journal_rows(self, name: str) -> list[dict]:
+        return [orjson.loads(x) for x in (self.out / f"{name}-journal.jsonl").read_bytes().splitlines() if x]
+
     def stage_records(self) -> list[dict]:
-        rows = [orjson.loads(x) for x in (self.out / "memo-journal.jsonl").read_bytes().splitlines() if x]
-        return [r for r in rows if r.get("type") == "stage"]
+        return [r for r in self.journal_rows("memo") if r.get("type") == "stage"]
 
 
 def same_metrics(a: dict, b: dict) -> bool:

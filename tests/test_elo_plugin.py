@@ -202,6 +202,13 @@ def test_xdist_gives_the_same_plans_and_rating_as_a_serial_run(tmp_path, uninter
     assert same_metrics(project.metrics(), uninterrupted.metrics())
     asked = [tuple(x[:2]) for x in project.log("calls.jsonl")]
     assert len(asked) == len(set(asked)) == 12
+    # Each stage driven (judged) once, by one worker; the journal says which run drove it.
+    assert len(project.log("judge.jsonl")) == 4 * 3 + 4 * 2 + 4 * 1
+    assert [r["unit"] for r in project.journal_rows("memo") if r["type"] == "done"] == [
+        "stage-1",
+        "stage-2",
+        "stage-3",
+    ]
 
 
 def test_replaying_an_elo_run_dir_gives_the_same_rating_with_no_seed(tmp_path, uninterrupted):
@@ -231,11 +238,29 @@ def test_an_llm_judge_is_journaled_never_asked_again_and_replays_without_a_model
         orjson.loads(x) for x in (project.out / "memo-judge-predictions.jsonl").read_bytes().splitlines()
     ]
     assert {r["model"] for r in judge_rows} == {"judge-1"}
+    # Each verdict recorded once: read from the judge's raw reply into the item's score row.
+    scores = [r for r in project.journal_rows("memo") if r["type"] == "score"]
+    assert len(scores) == 12 and all("judgments" in r and "scores" not in r for r in scores)
+    assert not [r for r in project.journal_rows("memo-judge") if r["type"] == "score"]
     replay = project.run(f"--evalreplay-predictions={project.out}", f"--evalreplay-output={tmp_path / 're'}")
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert len(project.log("judge-model.jsonl")) == len(asked)
+    # The journal as the previous version wrote it (each score row also held the
+    # mean verdicts; done facts were files) still resumes to the same verdicts.
+    old = [
+        {**r, "scores": {k: sum(v) / len(v) for k, v in r["judgments"].items()}}
+        if r["type"] == "score"
+        else r
+        for r in project.journal_rows("memo")
+        if r["type"] != "done"
+    ]
+    (project.out / "memo-journal.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in old))
     assert project.run("--resume").returncode == 0
     assert len(project.log("judge-model.jsonl")) == len(asked)
+    assert project.elo()["rating"] == rating
+    assert [r for r in project.journal_rows("memo") if r["type"] == "score"] == [
+        r for r in old if r["type"] == "score"
+    ]
     assert orjson.loads((tmp_path / "re" / "memo-metrics.json").read_bytes())["elo"]["rating"] == rating
 
 

@@ -83,6 +83,7 @@ class JournalIndex:
     requests: dict[str, tuple[int, int]] = field(default_factory=dict)  # digest -> (offset, length)
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     stage_rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (lineno, row)
+    done: set[tuple[str, str]] = field(default_factory=set)  # (unit, run): `done` rows
     torn: int | None = None  # line number of a torn last line, if any
     file_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read: a rewrite is a new one
     notes: list[str] = field(default_factory=list)
@@ -202,14 +203,16 @@ class JournalIndex:
             of = _str_field(row, "of", where)
             scores = row.get("scores")
             error = row.get("error")
+            judgments = row.get("judgments")
+            if judgments is not None:
+                judgments = _judgments(judgments, where)
+                if error is None:  # an ELO item's scores: its verdicts' means (earlier versions wrote both)
+                    scores = {r: math.fsum(v) / len(v) for r, v in judgments.items()}
             if scores is not None:
                 scores = _scores(scores, where)
                 scores = self._shared.setdefault(("scores", *scores.items()), scores)
             elif not isinstance(error, str):
-                raise EvalReplayError(f"{where}: a score row needs 'scores' or an 'error'")
-            judgments = row.get("judgments")
-            if judgments is not None:
-                judgments = _judgments(judgments, where)
+                raise EvalReplayError(f"{where}: a score row needs 'scores', 'judgments' or an 'error'")
             no_answer = row.get("no_answer", [])
             if not isinstance(no_answer, list) or not all(isinstance(r, str) for r in no_answer):
                 raise EvalReplayError(f"{where}: 'no_answer' must list reference names; delete that line")
@@ -246,6 +249,8 @@ class JournalIndex:
             self.providers.setdefault(pv, row["provider"])
         elif kind == "stage":
             self.stage_rows.append((self.lineno, row))
+        elif kind == "done":
+            self.done.add((_str_field(row, "unit", where), _str_field(row, "run", where)))
         else:
             raise EvalReplayError(f"{where}: unknown journal row type {kind!r}")
 
@@ -382,12 +387,12 @@ def _str_field(row: dict[str, Any], name: str, where: str) -> str:
 
 def _judgments(judgments: Any, where: str) -> dict[str, tuple[float, ...]]:
     ok = isinstance(judgments, dict) and all(
-        isinstance(v, list) and all(x in (0, 0.5, 1) and not isinstance(x, bool) for x in v)
+        isinstance(v, list) and v and all(x in (0, 0.5, 1) and not isinstance(x, bool) for x in v)
         for v in judgments.values()
     )
     if not ok:
         raise EvalReplayError(
-            f"{where}: 'judgments' must map references to lists of 0, 0.5 or 1; delete that line"
+            f"{where}: 'judgments' must map references to non-empty lists of 0, 0.5 or 1; delete that line"
         )
     return {str(k): tuple(float(x) for x in v) for k, v in judgments.items()}
 

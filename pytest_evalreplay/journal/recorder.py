@@ -89,18 +89,13 @@ class TaskRecorder:
 
     def done_in_this_run(self, unit: str) -> bool:
         """Whether a process of this run finished `unit` (a whole stage, say)
-        that left nothing new in the journal to tell by (call under its lock)."""
-        try:
-            return self._done_path(unit).read_bytes() == self.run.encode()
-        except OSError:
-            return False
+        that may have left nothing else new in the journal to tell by: a
+        `done` row of this run (catch up first, under the unit's lock)."""
+        return (unit, self.run) in self.index.done
 
     def mark_done(self, unit: str) -> None:
-        """Record that this run finished `unit` (see `done_in_this_run`)."""
-        atomic_write(self._done_path(unit), self.run.encode())
-
-    def _done_path(self, unit: str) -> Path:
-        return own_dir(self.directory / LOCKS_DIR) / f"{self.task}.{unit}.done"
+        """Record in the journal that this run finished `unit` (see `done_in_this_run`)."""
+        self.add([journal.done_row(unit, self.run)])
 
     # -- reading -----------------------------------------------------------------
 
@@ -248,12 +243,13 @@ def superseded(index: JournalIndex, run: str) -> int:
     return n
 
 
-def kept_lines(rows: Sequence[dict[str, Any] | None]) -> list[int]:
+def kept_lines(rows: Sequence[dict[str, Any] | None], run: str | None = None) -> list[int]:
     """The positions of the rows a compaction keeps, in order: per item, the
     newest generation and the newest failure of each request and provider;
     the newest scores of each kept generation; the first request and provider
     row of each digest they name; the first seed record, each stage's newest
-    plan and the newest matching `complete` after it. The order is kept, so
+    plan and the newest matching `complete` after it; the `done` rows of
+    `run` (the compacting run: another run's say nothing now). The order is kept, so
     every newest-wins rule of `JournalIndex` and `StageLog` reads the same.
     The header (`None` rows too) is dropped: the caller writes a new one."""
     keep: set[int] = set()
@@ -263,6 +259,7 @@ def kept_lines(rows: Sequence[dict[str, Any] | None]) -> list[int]:
     scores: dict[tuple[Any, ...], int] = {}
     named: set[tuple[str, str]] = set()
     first: dict[tuple[str, str], int] = {}
+    done: list[int] = []
     for i in range(len(rows) - 1, -1, -1):  # newest first
         row = rows[i]
         kind = row.get("type") if row is not None else None
@@ -282,11 +279,14 @@ def kept_lines(rows: Sequence[dict[str, Any] | None]) -> list[int]:
             scores.setdefault(((row["stage"], row["instance_id"], row["rollout"]), row["of"]), i)
         elif kind in ("request", "provider"):
             first[(kind, row["digest"])] = i
+        elif kind == "done" and row["run"] == run:
+            done.append(i)
         if i in keep:
             named |= {("request", row["request"]), ("provider", row["provider"])}
     keep.update(i for (key, of), i in scores.items() if of in runs.get(key, ()))
     keep.update(i for name, i in first.items() if name in named)
     keep.update(_stage_lines(rows))
+    keep.update(done)
     return sorted(keep)
 
 
@@ -312,6 +312,6 @@ def compact_journal(path: Path, task: str, run: str) -> None:
     """Rewrite a journal keeping `kept_lines` under a header naming `run`,
     atomically (the caller holds the task lock; a torn last line goes too)."""
     lines = read_bytes(path).split(b"\n")[:-1]
-    keep = kept_lines([orjson.loads(line) if line.strip() else None for line in lines])
+    keep = kept_lines([orjson.loads(line) if line.strip() else None for line in lines], run)
     header = journal.encode([journal.header_row(task, run)])
     atomic_write(path, itertools.chain([header], (lines[i] + b"\n" for i in keep)))

@@ -15,9 +15,15 @@ line (orjson), each row typed:
   `run`, and the `generation`.
 - `score`: the scores (or the scoring error) of one rollout's generation,
   named by the run that generated it (`of`); the latest row for a
-  generation wins. Written only when the scores are new or changed.
+  generation wins. Written only when the scores are new or changed. An ELO
+  item's holds its verdicts once, as `judgments` (each trial's, per
+  reference); its scores (the mean per reference) are read from them. An
+  LLM judge's journal holds its raw replies, not these verdicts.
 - `fail`: one failed attempt (`model.Failure`), with request, provider, run.
 - `stage`: multi-stage records (`planned`, `complete`), see `stages.py`.
+- `done`: a process of `run` finished `unit` (an ELO stage, `stage-<s>`)
+  that may have left nothing else new in the journal; run-scoped, so a
+  compaction keeps only the compacting run's.
 
 Reuse is decided by content: a rollout's `gen` row is reused when its request
 digest and provider digest equal those of the request rendered now. Writers
@@ -101,10 +107,10 @@ def score_row(
         "of": of,
         "run": run,
     }
-    if error is None:
-        row["scores"] = dict(scores or {})
-    else:
+    if error is not None:
         row["error"] = error
+    elif judgments is None:
+        row["scores"] = dict(scores or {})  # else read from the judgments, each verdict recorded once
     if judgments is not None:
         row["judgments"] = {k: list(v) for k, v in judgments.items()}
     if no_answer:
@@ -112,6 +118,10 @@ def score_row(
     if unreadable:
         row["unreadable"] = unreadable
     return row
+
+
+def done_row(unit: str, run: str) -> dict[str, Any]:
+    return {"type": "done", "unit": unit, "run": run}
 
 
 def fail_row(failure: Failure, rq: str, pv: str, run: str) -> dict[str, Any]:
