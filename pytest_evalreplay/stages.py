@@ -36,7 +36,7 @@ MAX_SEED = 2**63  # seeds are recorded in JSON and feed numpy's bootstrap: non-n
 @dataclass(frozen=True)
 class Reference:
     """A reference model: its known rating and its saved answers (a run dir, a
-    predictions file, or a layout replay reads), served by the replay provider."""
+    predictions file, or a layout replay reads), read by replay's saved-run readers."""
 
     elo: float
     predictions: str | os.PathLike[str]

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from pytest_evalreplay.journal import rows as journal
-from pytest_evalreplay.journal.stagelog import planned_row
+from pytest_evalreplay.journal.stagelog import complete_row, planned_row
 from pytest_evalreplay.model import EvalReplayError, Generation
 from pytest_evalreplay.rundir.merge import ShardDir, merge
 from pytest_evalreplay.rundir.sharddir import suite_args
@@ -69,6 +69,41 @@ def test_different_plans_of_one_stage_are_refused() -> None:
     b = shard("dir-b", "2/2", [planned_row(2, ["q1"], ["y"], 1000.0, "fp", {}, "rb")])
     with pytest.raises(EvalReplayError, match=r"dir-a and dir-b .* the planned record of stage 2"):
         merge([a, b])
+
+
+def score(iid: str, rollout: int, value: float, run: str) -> dict[str, Any]:
+    return journal.score_row((1, iid, rollout), "g1", run, {"score": value}, None)
+
+
+def test_conflicting_scores_for_one_rollout_are_refused() -> None:
+    a = shard("dir-a", "1/2", [REQUEST, score("q1", 0, 1.0, "ra")])
+    b = shard("dir-b", "2/2", [REQUEST, score("q1", 0, 0.0, "rb")])
+    with pytest.raises(EvalReplayError, match=r"dir-a and dir-b .* the scores of q1\[s1-r0\]"):
+        merge([a, b])
+
+
+def test_scores_of_other_rollouts_of_one_instance_are_both_kept() -> None:
+    a = shard("dir-a", "1/2", [REQUEST, score("q1", 0, 1.0, "ra")])
+    b = shard("dir-b", "2/2", [REQUEST, score("q1", 1, 0.0, "rb")])
+    rows = rows_of(merge([a, b]).journals["t-journal.jsonl"])
+    assert [(r["rollout"], r["scores"]) for r in rows if r["type"] == "score"] == [
+        (0, {"score": 1.0}),
+        (1, {"score": 0.0}),
+    ]
+
+
+def test_different_complete_records_of_one_stage_are_refused() -> None:
+    a = shard("dir-a", "1/2", [complete_row(2, 1010.0, 30.0, "fp", "ra")])
+    b = shard("dir-b", "2/2", [complete_row(2, 990.0, 30.0, "fp", "rb")])
+    with pytest.raises(EvalReplayError, match=r"dir-a and dir-b .* the complete record of stage 2"):
+        merge([a, b])
+
+
+def test_one_complete_record_written_by_two_runs_is_kept_once() -> None:
+    a = shard("dir-a", "1/2", [complete_row(2, 1010.0, 30.0, "fp", "ra")])
+    b = shard("dir-b", "2/2", [complete_row(2, 1010.0, 30.0, "fp", "rb")])
+    rows = rows_of(merge([a, b]).journals["t-journal.jsonl"])
+    assert [(r["kind"], r["rating"]) for r in rows if r["type"] == "stage"] == [("complete", 1010.0)]
 
 
 def test_a_shard_given_twice_is_refused() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.journal.index import JournalIndex
@@ -81,3 +83,44 @@ def test_a_failure_of_another_request_does_not_override_this_generation(tmp_path
     index = index_of(tmp_path, [gen_row(), other])
     assert KEY in decide(index).reuse
     assert index.standing(KEY, RQ, PV)[0] is not None
+
+
+def _written_one_by_one(tmp_path: Path, rows: list[dict[str, object]]) -> JournalIndex:
+    """The index as the recorder keeps it: each row learnt as it is appended."""
+    journal.start_fresh(tmp_path, "t", "r1")
+    index = JournalIndex.read(tmp_path, "t")
+    path = journal.journal_path(tmp_path, "t")
+    for row in rows:
+        lines = journal.encoded_lines([row])
+        index.note_written([row], lines, journal.append_durably(path, b"".join(lines)))
+    return index
+
+
+@pytest.mark.parametrize("learnt", ["read", "written"])
+@pytest.mark.parametrize("last", ["gen", "fail"])
+def test_of_a_gen_and_a_later_fail_row_or_the_reverse_the_newer_stands(
+    tmp_path: Path, learnt: str, last: str
+) -> None:
+    rows = [gen_row("first"), fail_row(1)] if last == "fail" else [fail_row(1), gen_row("later")]
+    index = (index_of if learnt == "read" else _written_one_by_one)(tmp_path, rows)
+    gen, fail = index.standing(KEY, RQ, PV)
+    assert fail is not None and fail.failure.attempt == 1
+    if last == "fail":
+        assert gen is None
+    else:
+        assert gen is not None and index.generation(gen).text == "later"
+
+
+@given(events=st.lists(st.sampled_from(["gen", "fail"]), min_size=1, max_size=8))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_whatever_the_order_of_gen_and_fail_rows_the_newest_stands(tmp_path: Path, events: list[str]) -> None:
+    rows = [gen_row(f"gen {n}") if kind == "gen" else fail_row(n + 1) for n, kind in enumerate(events)]
+    index = index_of(tmp_path, rows)
+    gen, fail = index.standing(KEY, RQ, PV)
+    gens = [n for n, kind in enumerate(events) if kind == "gen"]
+    fails = [n for n, kind in enumerate(events) if kind == "fail"]
+    assert (fail.failure.attempt if fail is not None else None) == (fails[-1] + 1 if fails else None)
+    if events[-1] == "gen":
+        assert gen is not None and index.generation(gen).text == f"gen {gens[-1]}"
+    else:
+        assert gen is None

@@ -140,3 +140,42 @@ def test_a_worker_stops_when_its_controller_is_gone():
     done = subprocess.run([sys.executable, "-c", script, str(gone.pid)], timeout=20)
     assert done.returncode == EXIT_ORPHANED
     assert time.monotonic() - start < 10
+
+
+def test_a_session_lock_held_by_another_process_refuses_this_one(tmp_path):
+    """Two processes, not two locks in one: the OS lock is per output dir."""
+    from pytest_evalreplay.model import EvalReplayError
+    from pytest_evalreplay.rundir.writer import SessionLock
+
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from pytest_evalreplay.rundir.writer import SessionLock\n"
+        "lock = SessionLock(Path(sys.argv[1]), 'first')\n"
+        "lock.acquire()\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "lock.release()\n"
+        "print('released', flush=True)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline() == "held\n"
+        second = SessionLock(tmp_path, "second")
+        with pytest.raises(EvalReplayError, match=f"in use by another pytest session \\(pid {child.pid} "):
+            second.acquire()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "released\n"
+        second.acquire()  # the first process let go: the dir is free
+        second.release()
+    finally:
+        child.kill()
+        child.wait()

@@ -8,7 +8,8 @@ instance order once finished), so rows are joined in step, and by
 (metrics, failures, journal) play no part in replay; the manifest gives the
 model's name when rows do not.
 
-Two ways through a file pair, with the same result:
+Two ways through a file pair, with the same result (tests/test_native_ways.py
+compares them on generated pairs):
 
 - in step (`_load_in_step`), for the files the plugin writes: both files the
   same length, row i of one answering row i of the other, requests rows of

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_evalreplay.formats import load
+from pytest_evalreplay.formats.saved import SavedIndex
+from pytest_evalreplay.formats.saves import first_answer
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import RolloutKey
 from pytest_evalreplay.judges import LlmJudge, check_verdict, mean, task_text
@@ -163,7 +166,7 @@ class Judging:
     eval: EloEval
     directory: Path
     recorder: TaskRecorder | None = None  # the LLM judge's journal
-    _references: dict[str, Any] = field(default_factory=dict)
+    _references: dict[str, SavedIndex] = field(default_factory=dict)  # each reference's saved run
     _provider: tuple[Any, str, dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
@@ -178,18 +181,18 @@ class Judging:
     # -- references ----------------------------------------------------------------
 
     def reference_answer(self, reference: str, task_id: str) -> str | None:
-        """A reference's saved answer to a pool task (None: it has none)."""
-        provider = self._references.get(reference)
-        if provider is None:
-            from pytest_evalreplay.providers.replay import ReplayProvider
-
+        """A reference's saved answer to a pool task (None: it has none), read
+        by the saved-run readers replay serves by (`formats.saves`)."""
+        index = self._references.get(reference)
+        if index is None:
             try:
-                provider = ReplayProvider.from_path(self.eval.references[reference].predictions)
+                index = load(self.eval.references[reference].predictions)
             except EvalReplayError as exc:
                 raise EvalReplayError(f"reference {reference!r}: {exc}") from None
-            self._references[reference] = provider
+            self._references[reference] = index
         pool = self.eval.pool
-        generation = provider.first_sample(pool.request(pool.instance(task_id)))
+        request = pool.request(pool.instance(task_id))
+        generation = first_answer(index, request.prompt_key, request.stage)
         return None if generation is None else pool.postprocess(generation).text
 
     # -- judging ---------------------------------------------------------------------
