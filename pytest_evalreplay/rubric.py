@@ -60,6 +60,14 @@ class Graded:
         return 1.0 if matches[-1].upper() == "YES" else 0.0
 
 
+def outside_session(task: str) -> str:
+    """Why a graded task cannot be scored outside pytest (`EvalTask.evaluate`)."""
+    return (
+        f"task {task!r}: scorers.graded(...) grades in a pytest session, where its verdicts "
+        "are journaled and replayed; run the task with pytest"
+    )
+
+
 def unreadable_reason(reply: str) -> str:
     """Why a grade reply is unreadable, quoting it."""
     more = f" ({len(reply)} characters)" if len(reply) > _REPLY_SHOWN else ""

@@ -30,9 +30,9 @@ from pytest_evalreplay.model import (
     LoglikelihoodResult,
     PromptKey,
     Request,
-    show,
 )
 from pytest_evalreplay.settings import Settings
+from pytest_evalreplay.storage.rowfields import show
 from pytest_evalreplay.storage.runschema import SAVED_SAMPLING
 
 
