@@ -470,8 +470,8 @@ class EvalTask:
 
     def evaluate(self, provider: Provider, max_attempts: int = 3) -> EvalResult:
         """Generate and score every instance with `provider`, outside pytest."""
-        # The runner is in run/, above the data model: the one upward edge
-        # (pyproject.toml), imported here so that importing a task stays cheap.
+        # The runner is in run/, above the data model: imported inside the method,
+        # the one upward edge that pyproject.toml's contracts name.
         from pytest_evalreplay.run.offline import evaluate
 
         return evaluate(self, provider, max_attempts)
