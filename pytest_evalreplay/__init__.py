@@ -19,27 +19,26 @@ if TYPE_CHECKING:
     from pytest_evalreplay import judges, scorers
     from pytest_evalreplay.model import (
         EvalReplayError,
-        EvalResult,
-        Gate,
         Generation,
         GenerationError,
         LoglikelihoodProvider,
         Provider,
         Request,
-        RolloutResult,
         StreamingProvider,
     )
     from pytest_evalreplay.providers.replay import ReplayProvider
+    from pytest_evalreplay.run.execution import RolloutResult
+    from pytest_evalreplay.run.offline import EvalResult
     from pytest_evalreplay.stages import EloEval, Reference, Stage
-    from pytest_evalreplay.task import EvalTask
+    from pytest_evalreplay.task import EvalTask, Gate
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
     "EloEval": "pytest_evalreplay.stages",
     "EvalReplayError": "pytest_evalreplay.model",
-    "EvalResult": "pytest_evalreplay.model",
+    "EvalResult": "pytest_evalreplay.run.offline",
     "EvalTask": "pytest_evalreplay.task",
-    "Gate": "pytest_evalreplay.model",
+    "Gate": "pytest_evalreplay.task",
     "Generation": "pytest_evalreplay.model",
     "GenerationError": "pytest_evalreplay.model",
     "LoglikelihoodProvider": "pytest_evalreplay.model",
@@ -47,7 +46,7 @@ _EXPORTS: dict[str, str] = {
     "Reference": "pytest_evalreplay.stages",
     "ReplayProvider": "pytest_evalreplay.providers.replay",
     "Request": "pytest_evalreplay.model",
-    "RolloutResult": "pytest_evalreplay.model",
+    "RolloutResult": "pytest_evalreplay.run.execution",
     "Stage": "pytest_evalreplay.stages",
     "StreamingProvider": "pytest_evalreplay.model",
 }

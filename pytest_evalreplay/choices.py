@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_evalreplay.model import EvalReplayError, Instance, show
+from pytest_evalreplay.model import EvalReplayError, Instance
+from pytest_evalreplay.storage.rowfields import show
 
 ChoicesSource = str | Callable[[Instance], Any]
 

@@ -1,8 +1,11 @@
-"""The data model shared by tasks, providers, the journal and the run dir.
+"""The provider contract: requests, generations, failures and the
+`Provider` protocols, with their digests and keys.
 
 Everything here is plain frozen data plus the conversions to and from the JSON
 rows of the run dir, so that providers written by users depend on nothing but
-this module.
+this module. What the plugin makes of the results lives with its role: a
+rollout's result in `run/execution.py`, `EvalResult` in `run/offline.py`, a
+failed attempt in `journal/rows.py`, `Gate` with the task in `task.py`.
 """
 
 from __future__ import annotations
@@ -33,33 +36,6 @@ class EvalReplayError(Exception):
 
     The message always says which file (and line) and what to do about it.
     """
-
-
-def type_name(value: Any) -> str:
-    """A value's kind for an error message, in the words of a JSON file
-    ("a number", "an object") rather than of Python, since that is what the
-    user wrote; anything JSON cannot hold is named by its Python type."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
-def show(value: Any, limit: int = 60) -> str:
-    """A value for a message: its repr, cut short (a saved field can be huge)."""
-    text = repr(value[: limit + 1] if isinstance(value, (str, bytes)) else value)
-    if len(text) > limit:
-        return text[: limit - 3] + "..."
-    return text
 
 
 def digest(value: Any) -> str:
@@ -226,7 +202,7 @@ def loglikelihoods_problem(pairs: Sequence[Any]) -> str | None:
     for n, pair in enumerate(pairs):
         ok = isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[1], bool)
         ll = pair[0] if ok else None
-        if not ok or not _is_real(ll) or not math.isfinite(ll):
+        if not ok or not is_real(ll) or not math.isfinite(ll):
             return f"entry {n} ({pair!r:.60}) is not a (finite log-probability, is_greedy: bool) pair"
     return None
 
@@ -336,154 +312,6 @@ def request_digest(request: Request) -> str:
     return digest(request_content(request))
 
 
-@dataclass(frozen=True)
-class RolloutResult:
-    """The outcome of one item: a scored generation, or a failure."""
-
-    task: str
-    stage: int
-    instance_id: str
-    rollout: int
-    generation: Generation | None = None
-    scores: Mapping[str, float] = field(default_factory=dict)
-    error: str | None = None
-    failure_class: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-FAILURE_CLASSES = ("retryable", "terminal", "scoring", "judging")
-
-
-@dataclass(frozen=True)
-class Failure:
-    """One failed attempt at some rollouts of one request: what the journal
-    records, what the attempt cap counts, and what a failed item reports.
-
-    `failure_class`: `retryable` (tried again up to the attempt cap),
-    `terminal` (final at once), `scoring` (the scorer raised or returned a
-    non-finite value), `judging` (a pairwise judge failed). `final` says
-    whether this attempt was the last under the cap of the run that made it.
-    """
-
-    stage: int
-    instance_id: str
-    rollouts: tuple[int, ...]
-    attempt: int
-    failure_class: str
-    message: str
-    final: bool
-
-    def to_row(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "instance_id": self.instance_id,
-            "rollouts": list(self.rollouts),
-            "attempt": self.attempt,
-            "failure_class": self.failure_class,
-            "message": self.message,
-            "final": self.final,
-        }
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any], where: str) -> Failure:
-        """Build from a saved row; `where` ("file:line") names it in errors."""
-        rollouts = row.get("rollouts")
-        attempt = row.get("attempt")
-        ok = (
-            type(row.get("stage")) is int
-            and isinstance(row.get("instance_id"), str)
-            and isinstance(rollouts, list)
-            and all(type(r) is int and r >= 0 for r in rollouts)
-            and type(attempt) is int
-            and attempt >= 1
-            and row.get("failure_class") in FAILURE_CLASSES
-            and isinstance(row.get("message"), str)
-            and isinstance(row.get("final"), bool)
-        )
-        if not ok:
-            raise EvalReplayError(
-                f"{where}: not a valid failure row (needs stage, instance_id, rollouts of non-negative "
-                f"integers, attempt >= 1, failure_class one of {', '.join(FAILURE_CLASSES)}, message, final)"
-            )
-        return cls(
-            stage=row["stage"],
-            instance_id=row["instance_id"],
-            rollouts=tuple(rollouts),  # type: ignore[arg-type]
-            attempt=attempt,  # type: ignore[arg-type]
-            failure_class=row["failure_class"],
-            message=row["message"],
-            final=row["final"],
-        )
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    """What `EvalTask.evaluate` returns: aggregate metrics, per-instance scores
-    (mean over rollouts) and per-instance errors (never scored as 0)."""
-
-    task: str
-    metrics: dict[str, float]
-    scores: dict[str, dict[str, float]]
-    errors: dict[str, str]
-    rollouts: tuple[RolloutResult, ...] = ()
-
-
-def aggregate(
-    results: Sequence[RolloutResult], extra: Mapping[str, Mapping[str, float]] | None = None
-) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """Metrics as the mean over instances of each instance's mean over its
-    successful rollouts. Failed rollouts are left out, never counted as 0.
-    `extra`: per-instance values computed over the samples (pass@k, maj@k)."""
-    per_instance: dict[str, dict[str, list[float]]] = {}
-    for r in results:
-        if not r.ok:
-            continue
-        slot = per_instance.setdefault(r.instance_id, {})
-        for name, value in r.scores.items():
-            slot.setdefault(name, []).append(float(value))
-    scores = {
-        iid: {name: sum(vals) / len(vals) for name, vals in metrics.items()}
-        | dict((extra or {}).get(iid, {}))
-        for iid, metrics in per_instance.items()
-    }
-    totals: dict[str, list[float]] = {}
-    for metrics in scores.values():
-        for name, value in metrics.items():
-            totals.setdefault(name, []).append(value)
-    return {name: sum(vals) / len(vals) for name, vals in sorted(totals.items())}, scores
-
-
-@dataclass(frozen=True)
-class Gate:
-    """Fail the task's gate item when `metric` is below `min`, or has dropped
-    more than `max_drop` below the baseline with significance `alpha`."""
-
-    metric: str
-    min: float | None = None
-    max_drop: float | None = None
-    alpha: float = 0.05
-
-    def __post_init__(self) -> None:
-        __tracebackhide__ = True  # a bad argument is reported at the user's Gate(...) line
-        if not isinstance(self.metric, str) or not self.metric:
-            raise EvalReplayError("Gate(metric=...) must name a metric, e.g. Gate('exact_match', min=0.6)")
-        for name in ("min", "max_drop", "alpha"):
-            value = getattr(self, name)
-            if value is None and name != "alpha":
-                continue
-            if not _is_real(value) or not math.isfinite(value):
-                raise EvalReplayError(f"Gate({name}={value!r}) must be a finite number")
-        if not 0 < self.alpha < 0.5:
-            raise EvalReplayError(
-                f"Gate(alpha={self.alpha!r}) must be between 0 and 0.5: "
-                "the level of a one-sided test, e.g. 0.05"
-            )
-        if self.max_drop is not None and self.max_drop < 0:
-            raise EvalReplayError(f"Gate(max_drop={self.max_drop!r}) must be >= 0")
-
-
-def _is_real(value: Any) -> bool:
+def is_real(value: Any) -> bool:
+    """A real number, not a bool (which Python counts as an int)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)

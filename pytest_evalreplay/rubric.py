@@ -65,6 +65,14 @@ def _grades(reply: str) -> list[str]:
     return sorted({m.strip().upper() for m in GRADE_PATTERN.findall(reply)})
 
 
+def outside_session(task: str) -> str:
+    """Why a graded task cannot be scored outside pytest (`EvalTask.evaluate`)."""
+    return (
+        f"task {task!r}: scorers.graded(...) grades in a pytest session, where its verdicts "
+        "are journaled and replayed; run the task with pytest"
+    )
+
+
 def unreadable_reason(reply: str) -> str:
     """Why a grade reply is unreadable, quoting it."""
     more = f" ({len(reply)} characters)" if len(reply) > _REPLY_SHOWN else ""

@@ -2,31 +2,30 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_evalreplay.choices import Choices, gold_index
-from pytest_evalreplay.execution import run_requests
 from pytest_evalreplay.formats.instances import load_instances
 from pytest_evalreplay.model import (
     Context,
     EvalReplayError,
-    EvalResult,
-    Gate,
     Generation,
     Instance,
     Provider,
     Request,
-    aggregate,
+    is_real,
     request_digest,
 )
 from pytest_evalreplay.numbers import passk
 from pytest_evalreplay.prompting import render_prompt, validate_sampling, validate_task_name
-from pytest_evalreplay.rubric import Graded
+from pytest_evalreplay.rubric import Graded, outside_session
 from pytest_evalreplay.scorers import (
     BUILTIN_TYPES,
     BUILTINS,
@@ -35,6 +34,39 @@ from pytest_evalreplay.scorers import (
     multiple_choice,
     strip_reasoning,
 )
+
+if TYPE_CHECKING:
+    from pytest_evalreplay.run.offline import EvalResult
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Fail the task's gate item when `metric` is below `min`, or has dropped
+    more than `max_drop` below the baseline with significance `alpha`."""
+
+    metric: str
+    min: float | None = None
+    max_drop: float | None = None
+    alpha: float = 0.05
+
+    def __post_init__(self) -> None:
+        __tracebackhide__ = True  # a bad argument is reported at the user's Gate(...) line
+        if not isinstance(self.metric, str) or not self.metric:
+            raise EvalReplayError("Gate(metric=...) must name a metric, e.g. Gate('exact_match', min=0.6)")
+        for name in ("min", "max_drop", "alpha"):
+            value = getattr(self, name)
+            if value is None and name != "alpha":
+                continue
+            if not is_real(value) or not math.isfinite(value):
+                raise EvalReplayError(f"Gate({name}={value!r}) must be a finite number")
+        if not 0 < self.alpha < 0.5:
+            raise EvalReplayError(
+                f"Gate(alpha={self.alpha!r}) must be between 0 and 0.5: "
+                "the level of a one-sided test, e.g. 0.05"
+            )
+        if self.max_drop is not None and self.max_drop < 0:
+            raise EvalReplayError(f"Gate(max_drop={self.max_drop!r}) must be >= 0")
+
 
 Scorer = Callable[[str, Instance], "float | bool | Mapping[str, float]"]
 
@@ -362,7 +394,7 @@ class EvalTask:
             )
         if isinstance(self.scorer, Graded):
             if grades is None:
-                raise EvalReplayError(self._graded_outside())
+                raise EvalReplayError(outside_session(self.name))
             value: Any = grades
         elif isinstance(self.scorer, MultipleChoice):
             value = self._choice_scores(instance, loglikelihoods)
@@ -396,12 +428,6 @@ class EvalTask:
             )
         lls = [ll for ll, _ in loglikelihoods]
         return self.scorer.scores(lls, choices, self.gold(instance), self.choices.delimiter)
-
-    def _graded_outside(self) -> str:
-        return (
-            f"task {self.name!r}: scorers.graded(...) grades in a pytest session, where its verdicts "
-            "are journaled and replayed; run the task with pytest"
-        )
 
     def answer(self, text: str, instance: Instance) -> Hashable:
         """The answer maj@k counts votes for: what the scorer compares (a
@@ -442,41 +468,13 @@ class EvalTask:
             out[key] = _as_float(v, self.name, k)
         return out
 
-    # -- running without pytest -------------------------------------------
-
     def evaluate(self, provider: Provider, max_attempts: int = 3) -> EvalResult:
         """Generate and score every instance with `provider`, outside pytest."""
-        if self.agent is not None:
-            raise EvalReplayError(
-                f"task {self.name!r} is an agent task: EvalTask.evaluate runs prompt tasks; run an "
-                "agent task under pytest (its episodes are journaled turn by turn there)"
-            )
-        if isinstance(self.scorer, Graded):
-            raise EvalReplayError(self._graded_outside())
-        self.request_digests()  # every prompt (and a choices task's choices and gold) checked first
-        requests = [self.request(inst) for inst in self.instances]
-        results = run_requests(self, provider, requests, max_attempts=max_attempts)
-        votes = any(m.kind == "maj" for m in self.sample_metrics)
-        values = passk.by_instance(
-            self.sample_metrics,
-            (
-                (
-                    r.instance_id,
-                    r.scores,
-                    self.answer(r.generation.text, self.instance(r.instance_id)) if votes else None,
-                )
-                for r in results
-                if r.ok and r.generation is not None
-            ),
-        )
-        metrics, scores = aggregate(results, values)
-        errors: dict[str, str] = {}
-        for r in results:
-            if not r.ok and r.instance_id not in errors:
-                errors[r.instance_id] = r.error or "failed"
-        return EvalResult(
-            task=self.name, metrics=metrics, scores=scores, errors=errors, rollouts=tuple(results)
-        )
+        # The runner is in run/, above the data model: imported inside the method,
+        # the one upward edge that pyproject.toml's contracts name.
+        from pytest_evalreplay.run.offline import evaluate
+
+        return evaluate(self, provider, max_attempts)
 
 
 def _as_float(value: Any, task: str, key: Any) -> float:

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_evalreplay import EvalReplayError, EvalTask, GenerationError, Request, scorers
-from pytest_evalreplay.execution import Done, Failed, generate_events
+from pytest_evalreplay.run.execution import Done, Failed, generate_events
 
 _ll = st.floats(min_value=-1e6, max_value=0.0, allow_nan=False)
 _choice = st.text(min_size=1, max_size=12)
@@ -210,7 +210,7 @@ def test_a_provider_without_loglikelihood_is_a_usage_error() -> None:
 
 def test_a_batch_of_both_kinds_asks_each_call_for_its_own() -> None:
     from pytest_evalreplay import Generation
-    from pytest_evalreplay.execution import stream_results
+    from pytest_evalreplay.run.execution import stream_results
 
     class Both(Answers):
         def generate(self, requests: list[Request]) -> list[Any]:

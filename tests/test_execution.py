@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from pytest_evalreplay import EvalTask, Generation, GenerationError
-from pytest_evalreplay.execution import (
+from pytest_evalreplay.run.execution import (
     Done,
     Failed,
     RoundEnd,
     generate_events,
-    run_requests,
     score_generation,
     stream_results,
 )
+from pytest_evalreplay.run.offline import run_requests
 
 
 def make_task(scorer=lambda t, i: 1.0) -> EvalTask:

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.journal.index import JournalIndex
+from pytest_evalreplay.journal.rows import Failure
 from pytest_evalreplay.journal.stagelog import StageLog
-from pytest_evalreplay.model import EvalReplayError, Failure, Generation
+from pytest_evalreplay.model import EvalReplayError, Generation
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

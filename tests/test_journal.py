@@ -10,7 +10,8 @@ import pytest
 
 from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.journal.index import JournalIndex
-from pytest_evalreplay.model import EvalReplayError, Failure, Generation, digest
+from pytest_evalreplay.journal.rows import Failure
+from pytest_evalreplay.model import EvalReplayError, Generation, digest
 from pytest_evalreplay.storage.files import append_durably, atomic_write
 
 

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.journal.index import JournalIndex
-from pytest_evalreplay.model import Failure, Generation
+from pytest_evalreplay.journal.rows import Failure
+from pytest_evalreplay.model import Generation
 from pytest_evalreplay.numbers import planning
 
 KEY = (1, "q0", 0)

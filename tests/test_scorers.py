@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_evalreplay import EvalTask, Generation, scorers
-from pytest_evalreplay.execution import score_generation
+from pytest_evalreplay.run.execution import score_generation
 
 
 @pytest.mark.parametrize(

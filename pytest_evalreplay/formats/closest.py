@@ -14,7 +14,8 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from pytest_evalreplay.formats.saved import IndexKey, SavedIndex, context_text, key_of, split_key
-from pytest_evalreplay.model import PromptKey, show
+from pytest_evalreplay.model import PromptKey
+from pytest_evalreplay.storage.rowfields import show
 
 EXCERPT = 24  # characters shown on each side of the first difference
 

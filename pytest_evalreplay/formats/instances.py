@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_evalreplay.model import EvalReplayError, Instance, show, type_name
+from pytest_evalreplay.model import EvalReplayError, Instance
 from pytest_evalreplay.storage.files import jsonl_lines, read_bytes
+from pytest_evalreplay.storage.rowfields import show, type_name
 
 # What a pytest node id cannot hold: "::" separates its parts, "[...]" holds
 # the parameters, and control characters break terminals and JUnit XML.

@@ -58,9 +58,9 @@ from pytest_evalreplay.formats.saved import (
     rows_of,
     split_lines,
 )
-from pytest_evalreplay.model import EvalReplayError, show
+from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.storage.files import os_error, read_bytes
-from pytest_evalreplay.storage.rowfields import bad_field, not_an_object
+from pytest_evalreplay.storage.rowfields import bad_field, not_an_object, show
 from pytest_evalreplay.storage.runschema import (
     JUDGE_PREDICTIONS_SUFFIX,
     MANIFEST,

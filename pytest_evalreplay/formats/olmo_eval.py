@@ -68,8 +68,8 @@ from pytest_evalreplay.formats.saved import (
     require_file,
     token_count,
 )
-from pytest_evalreplay.model import EvalReplayError, Generation, show
-from pytest_evalreplay.storage.rowfields import optional_string
+from pytest_evalreplay.model import EvalReplayError, Generation
+from pytest_evalreplay.storage.rowfields import optional_string, show
 
 PREDICTIONS_SUFFIX = "-predictions.jsonl"
 REQUESTS_SUFFIX = "-requests.jsonl"

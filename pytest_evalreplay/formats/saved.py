@@ -43,8 +43,8 @@ from pytest_evalreplay.formats.jsonl import (
     rows_of,
     split_lines,
 )
-from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, show
-from pytest_evalreplay.storage.rowfields import bad_field, not_an_object, token_count
+from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey
+from pytest_evalreplay.storage.rowfields import bad_field, not_an_object, show, token_count
 
 # The readers' shared helpers live in `formats.jsonl` and `rowfields`; they are named here too,
 # where the readers have always imported them from.

@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 
 from pytest_evalreplay.formats.saved import SavedIndex, SavedRow
-from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey, show
+from pytest_evalreplay.model import EvalReplayError, Generation, PromptKey
+from pytest_evalreplay.storage.rowfields import show
 from pytest_evalreplay.storage.runschema import SAVED_SAMPLING
 
 

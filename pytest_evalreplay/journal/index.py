@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from pytest_evalreplay.journal.rows import FORMAT, RolloutKey, journal_path
-from pytest_evalreplay.model import EvalReplayError, Failure, Generation
+from pytest_evalreplay.journal.rows import FORMAT, Failure, RolloutKey, journal_path
+from pytest_evalreplay.model import EvalReplayError, Generation
 from pytest_evalreplay.storage.files import ReadFile, os_error
 
 

@@ -33,8 +33,8 @@ import orjson
 
 from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.journal.index import JournalIndex
-from pytest_evalreplay.journal.rows import RolloutKey
-from pytest_evalreplay.model import Failure, Generation
+from pytest_evalreplay.journal.rows import Failure, RolloutKey
+from pytest_evalreplay.model import Generation
 from pytest_evalreplay.storage.files import NoFollowLock, atomic_write, own_dir, read_bytes
 from pytest_evalreplay.storage.runschema import LOCKS_DIR, remove_task_files
 

@@ -19,7 +19,7 @@ line (orjson), each row typed:
   item's holds its verdicts once, as `judgments` (each trial's, per
   reference); its scores (the mean per reference) are read from them. An
   LLM judge's journal holds its raw replies, not these verdicts.
-- `fail`: one failed attempt (`model.Failure`), with request, provider, run.
+- `fail`: one failed attempt (`Failure`, below), with request, provider, run.
 - `stage`: multi-stage records (`planned`, `complete`), see `stages.py`.
 - `done`: a process of `run` finished `unit` (an ELO stage, `stage-<s>`)
   that may have left nothing else new in the journal; run-scoped, so a
@@ -40,16 +40,81 @@ reset, a compaction) is a new file, and the reader starts over.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from pytest_evalreplay.model import Failure, Generation
+from pytest_evalreplay.model import EvalReplayError, Generation
 from pytest_evalreplay.storage.files import AppendFile, NoFollowLock, atomic_write, os_error
 
 FORMAT = "evalreplay-journal/2"
 RolloutKey = tuple[int, str, int]  # (stage, instance_id, rollout)
+
+FAILURE_CLASSES = ("retryable", "terminal", "scoring", "judging")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt at some rollouts of one request: what the journal
+    records, what the attempt cap counts, and what a failed item reports.
+
+    `failure_class`: `retryable` (tried again up to the attempt cap),
+    `terminal` (final at once), `scoring` (the scorer raised or returned a
+    non-finite value), `judging` (a pairwise judge failed). `final` says
+    whether this attempt was the last under the cap of the run that made it.
+    """
+
+    stage: int
+    instance_id: str
+    rollouts: tuple[int, ...]
+    attempt: int
+    failure_class: str
+    message: str
+    final: bool
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "instance_id": self.instance_id,
+            "rollouts": list(self.rollouts),
+            "attempt": self.attempt,
+            "failure_class": self.failure_class,
+            "message": self.message,
+            "final": self.final,
+        }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], where: str) -> Failure:
+        """Build from a saved row; `where` ("file:line") names it in errors."""
+        rollouts = row.get("rollouts")
+        attempt = row.get("attempt")
+        ok = (
+            type(row.get("stage")) is int
+            and isinstance(row.get("instance_id"), str)
+            and isinstance(rollouts, list)
+            and all(type(r) is int and r >= 0 for r in rollouts)
+            and type(attempt) is int
+            and attempt >= 1
+            and row.get("failure_class") in FAILURE_CLASSES
+            and isinstance(row.get("message"), str)
+            and isinstance(row.get("final"), bool)
+        )
+        if not ok:
+            raise EvalReplayError(
+                f"{where}: not a valid failure row (needs stage, instance_id, rollouts of non-negative "
+                f"integers, attempt >= 1, failure_class one of {', '.join(FAILURE_CLASSES)}, message, final)"
+            )
+        return cls(
+            stage=row["stage"],
+            instance_id=row["instance_id"],
+            rollouts=tuple(rollouts),  # type: ignore[arg-type]
+            attempt=attempt,  # type: ignore[arg-type]
+            failure_class=row["failure_class"],
+            message=row["message"],
+            final=row["final"],
+        )
 
 
 def journal_path(directory: Path, task: str) -> Path:

@@ -16,12 +16,29 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from pytest_evalreplay.model import Gate
 from pytest_evalreplay.numbers.stats import PairedTest, paired_test
 
 RATING_TEST = "paired bootstrap of the rating"
+
+
+class GateRule(Protocol):
+    """What judging reads of a task's `Gate` (declared with the task, in
+    `task.py`): named here, not imported, so the numbers stay below the
+    task's declarations."""
+
+    @property
+    def metric(self) -> str: ...
+
+    @property
+    def min(self) -> float | None: ...
+
+    @property
+    def max_drop(self) -> float | None: ...
+
+    @property
+    def alpha(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -82,7 +99,7 @@ class PairedDrop:
 @dataclass(frozen=True)
 class GateOutcome:
     task: str
-    gate: Gate
+    gate: GateRule
     value: float | None
     num_items: int
     num_failed: int
@@ -129,7 +146,7 @@ class GateOutcome:
 
 def evaluate(
     task: str,
-    gate: Gate,
+    gate: GateRule,
     metrics: Mapping[str, float],
     scores: Mapping[str, float],
     num_items: int,
@@ -210,7 +227,7 @@ def evaluate(
 
 
 def baseline_entry(
-    gate: Gate | None,
+    gate: GateRule | None,
     metrics: Mapping[str, float],
     scores: Mapping[str, Mapping[str, float]],
     elo: Mapping[str, Any] | None = None,

@@ -10,7 +10,7 @@ places that show one cannot disagree.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -139,22 +139,45 @@ def item_outcome(plan: TaskPlan, index: JournalIndex, key: RolloutKey, max_attem
     return ItemOutcome(key, "missing")
 
 
-def instance_means(items: tuple[ItemOutcome, ...]) -> dict[str, dict[str, float]]:
-    """Each instance's mean over its scored rollouts (failures left out, never 0)."""
+def instance_means(samples: Iterable[tuple[str, Mapping[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each instance's mean over its scored samples, given as `(instance_id,
+    scores)` in the order of the run's items (failures left out, never 0).
+
+    With `task_means`, the one "mean over instances of the mean over
+    rollouts": the session, `EvalTask.evaluate` and a snapshot's pooled rows
+    all compute it here, so their numbers agree to the last bit."""
     sums: dict[str, dict[str, list[float]]] = {}
-    for item in items:
-        if item.status != "ok" or item.scores is None:
-            continue
-        slot = sums.setdefault(item.key[1], {})
-        for name, value in item.scores.items():
+    for iid, scores in samples:
+        slot = sums.setdefault(iid, {})
+        for name, value in scores.items():
             slot.setdefault(name, []).append(value)
     # Equal means share one dict: a 0/1 metric over 100k instances needs two, not 100k.
     shared: dict[tuple[tuple[str, float], ...], dict[str, float]] = {}
     out: dict[str, dict[str, float]] = {}
     for iid, m in sums.items():
-        means = {n: sum(v) / len(v) for n, v in m.items()}
+        means = {n: mean(v) for n, v in m.items()}
         out[iid] = shared.setdefault(tuple(means.items()), means)
     return out
+
+
+def mean(values: Sequence[float]) -> float:
+    """A plain left-to-right mean (not `math.fsum`): every place that averages
+    scores uses this one, so the last bits cannot differ between them."""
+    return sum(values) / len(values)
+
+
+def metric_columns(per_instance: Mapping[str, Mapping[str, float]]) -> dict[str, list[float]]:
+    """Each metric's per-instance values, in instance order, metrics by name."""
+    columns: dict[str, list[float]] = {}
+    for scores in per_instance.values():
+        for name, value in scores.items():
+            columns.setdefault(name, []).append(value)
+    return {name: columns[name] for name in sorted(columns)}
+
+
+def task_means(per_instance: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """The task's metrics: each the mean over instances of their means."""
+    return {name: mean(values) for name, values in metric_columns(per_instance).items()}
 
 
 def with_sample_metrics(
@@ -198,18 +221,15 @@ def task_outcome(
     from pytest_evalreplay.numbers.stats import instance_interval
 
     items = tuple(item_outcome(plan, index, key, max_attempts) for key in plan.keys)
-    per_instance = instance_means(items)
+    per_instance = instance_means(
+        (item.key[1], item.scores) for item in items if item.status == "ok" and item.scores is not None
+    )
     if plan.sample_metrics:
         per_instance = with_sample_metrics(per_instance, items, plan.sample_metrics, answer)
-    columns: dict[str, list[float]] = {}
-    for scores in per_instance.values():
-        for name, value in scores.items():
-            columns.setdefault(name, []).append(value)
     metrics: dict[str, float] = {}
     intervals: dict[str, tuple[float, float] | None] = {}
-    for name in sorted(columns):
-        values = columns[name]
-        metrics[name] = sum(values) / len(values)
+    for name, values in metric_columns(per_instance).items():
+        metrics[name] = mean(values)
         ci = instance_interval(values)
         # A mean cannot leave the range of what it averages (a 0/1 metric stays in [0, 1]).
         if ci.lo is not None and ci.hi is not None:

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pytest_evalreplay.journal.index import FailRef, GenRef, JournalIndex
-from pytest_evalreplay.journal.rows import RolloutKey
-from pytest_evalreplay.model import Failure, RequestKey
+from pytest_evalreplay.journal.rows import Failure, RolloutKey
+from pytest_evalreplay.model import RequestKey
 from pytest_evalreplay.numbers.passk import SampleMetric
 
 NOTE_LIMIT = 5  # per kind of note, per task

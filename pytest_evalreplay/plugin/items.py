@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_evalreplay.model import EvalReplayError, RolloutResult
+from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.run.execution import RolloutResult
 from pytest_evalreplay.stages import EloEval
 from pytest_evalreplay.task import EvalTask
 

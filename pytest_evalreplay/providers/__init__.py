@@ -15,8 +15,9 @@ from importlib import import_module
 from typing import Any
 
 from pytest_evalreplay.fingerprint import path_signature
-from pytest_evalreplay.model import EvalReplayError, Provider, type_name
+from pytest_evalreplay.model import EvalReplayError, Provider
 from pytest_evalreplay.settings import Settings
+from pytest_evalreplay.storage.rowfields import type_name
 
 # kind -> "module:factory"; the module is imported only when the kind is chosen.
 BUILTIN_KINDS: dict[str, str] = {

@@ -27,9 +27,9 @@ from pytest_evalreplay.model import (
     LoglikelihoodResult,
     PromptKey,
     Request,
-    show,
 )
 from pytest_evalreplay.settings import Settings
+from pytest_evalreplay.storage.rowfields import show
 
 
 class ReplayProvider:

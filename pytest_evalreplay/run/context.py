@@ -23,11 +23,12 @@ from typing import Any, Protocol
 
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import RolloutKey
-from pytest_evalreplay.model import RolloutResult, digest
+from pytest_evalreplay.model import digest
 from pytest_evalreplay.numbers.gates import BaselineTask, PairedDrop
 from pytest_evalreplay.numbers.metrics import TaskOutcome
 from pytest_evalreplay.numbers.planning import Decisions, TaskPlan
 from pytest_evalreplay.providers import ProviderHost
+from pytest_evalreplay.run.execution import RolloutResult
 from pytest_evalreplay.rundir.writer import (
     prepare_output_dir,
     refuse_self_replay,

@@ -31,7 +31,7 @@ from pytest_evalreplay.fingerprint import describe_change, fingerprint
 from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.journal.rows import RolloutKey
 from pytest_evalreplay.journal.stagelog import StageLog, complete_row, planned_row, seed_row
-from pytest_evalreplay.model import EvalReplayError, RolloutResult
+from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.numbers import planning
 from pytest_evalreplay.numbers.elo.rating import Ratings
 from pytest_evalreplay.numbers.elo.stageplan import wait_for_merge
@@ -40,6 +40,7 @@ from pytest_evalreplay.numbers.metrics import TaskOutcome, item_outcome, task_ou
 from pytest_evalreplay.numbers.planning import Decisions, TaskPlan
 from pytest_evalreplay.run.context import RunContext
 from pytest_evalreplay.run.elojudge import Judging
+from pytest_evalreplay.run.execution import RolloutResult
 from pytest_evalreplay.run.rollouts import Rollouts, open_recorder
 from pytest_evalreplay.stages import EloEval, stage_configs
 from pytest_evalreplay.storage.runschema import task_files

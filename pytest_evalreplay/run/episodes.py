@@ -30,15 +30,8 @@ import orjson
 from pytest_evalreplay.agent import LLM, AsyncLLM, ToolSlot, TurnFailed, parse_call
 from pytest_evalreplay.journal import transcripts
 from pytest_evalreplay.journal.recorder import TaskRecorder
-from pytest_evalreplay.journal.rows import RolloutKey
-from pytest_evalreplay.model import (
-    EvalReplayError,
-    Failure,
-    Generation,
-    Request,
-    digest,
-    request_content,
-)
+from pytest_evalreplay.journal.rows import Failure, RolloutKey
+from pytest_evalreplay.model import EvalReplayError, Generation, Request, digest, request_content
 from pytest_evalreplay.numbers.planning import TaskPlan
 from pytest_evalreplay.run.context import ProgressSink, ProviderExit, RunContext
 from pytest_evalreplay.run.generation import stream_into_journal

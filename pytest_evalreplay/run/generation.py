@@ -13,19 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pytest_evalreplay.execution import Done, Failed, RoundEnd, generate_events
 from pytest_evalreplay.journal.recorder import TaskRecorder
-from pytest_evalreplay.journal.rows import RolloutKey
-from pytest_evalreplay.model import (
-    Failure,
-    Generation,
-    Provider,
-    Request,
-    RequestKey,
-    request_content,
-    request_digest,
-)
+from pytest_evalreplay.journal.rows import Failure, RolloutKey
+from pytest_evalreplay.model import Generation, Provider, Request, RequestKey, request_content, request_digest
 from pytest_evalreplay.run.context import ProgressSink, ProviderExit
+from pytest_evalreplay.run.execution import Done, Failed, RoundEnd, generate_events
 from pytest_evalreplay.settings import Settings
 
 

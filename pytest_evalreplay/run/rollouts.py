@@ -21,12 +21,13 @@ from pytest_evalreplay.journal import transcripts
 from pytest_evalreplay.journal.index import FailRef, GenRef, JournalIndex
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import RolloutKey
-from pytest_evalreplay.model import Generation, Provider, RequestKey, RolloutResult
+from pytest_evalreplay.model import Generation, Provider, RequestKey
 from pytest_evalreplay.numbers import planning
 from pytest_evalreplay.numbers.metrics import TaskOutcome
 from pytest_evalreplay.numbers.planning import Decisions, TaskPlan
 from pytest_evalreplay.run.context import RunContext
 from pytest_evalreplay.run.episodes import EpisodeRunner
+from pytest_evalreplay.run.execution import RolloutResult
 from pytest_evalreplay.run.generation import stream_into_journal
 from pytest_evalreplay.rundir import writer as rundir
 from pytest_evalreplay.task import EvalTask

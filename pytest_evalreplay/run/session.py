@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from pytest_evalreplay.journal.rows import RolloutKey
-from pytest_evalreplay.model import EvalReplayError, Provider, RolloutResult
+from pytest_evalreplay.model import EvalReplayError, Provider
 from pytest_evalreplay.numbers import gates
 from pytest_evalreplay.providers import ProviderHost
 from pytest_evalreplay.run.context import ProgressSink, ProviderExit, Run, RunContext, WorkerInfo
+from pytest_evalreplay.run.execution import RolloutResult
 from pytest_evalreplay.run.finish import TaskDoc, finish_runs, judge_gate
 from pytest_evalreplay.rundir.writer import SessionLock
 from pytest_evalreplay.settings import Settings

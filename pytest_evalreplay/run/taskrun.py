@@ -9,16 +9,16 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_evalreplay.execution import score_generation
 from pytest_evalreplay.journal.index import GenRef, ScoreRef
 from pytest_evalreplay.journal.rows import RolloutKey
-from pytest_evalreplay.model import Generation, Provider, RolloutResult
+from pytest_evalreplay.model import Generation, Provider
 from pytest_evalreplay.numbers import planning
 from pytest_evalreplay.numbers.gates import BaselineTask, PairedDrop
 from pytest_evalreplay.numbers.metrics import TaskOutcome, task_outcome
 from pytest_evalreplay.numbers.planning import TaskPlan
 from pytest_evalreplay.rubric import Graded
 from pytest_evalreplay.run.context import RunContext
+from pytest_evalreplay.run.execution import RolloutResult, score_generation
 from pytest_evalreplay.run.grader import Grading
 from pytest_evalreplay.run.rollouts import Rollouts, open_recorder
 from pytest_evalreplay.task import EvalTask

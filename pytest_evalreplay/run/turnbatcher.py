@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_evalreplay.agent import TurnFailed
-from pytest_evalreplay.model import Failure, Generation, Request
+from pytest_evalreplay.journal.rows import Failure
+from pytest_evalreplay.model import Generation, Request
 
 WINDOW = 0.05  # seconds a batch waits for the other running episodes' turns
 

@@ -21,9 +21,10 @@ from typing import Any
 import orjson
 from filelock import FileLock
 
-from pytest_evalreplay.model import EvalReplayError, type_name
+from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.numbers.gates import BaselineTask
 from pytest_evalreplay.storage.files import atomic_write, os_error
+from pytest_evalreplay.storage.rowfields import type_name
 
 FORMAT = "evalreplay-baseline/1"
 REWRITE = "fix it, or write it again with --evalreplay-update-baseline"

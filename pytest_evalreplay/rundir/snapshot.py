@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.numbers.metrics import instance_means
 from pytest_evalreplay.snippets import prompt_line, trim
 from pytest_evalreplay.storage.files import jsonl_lines, read_bytes
 from pytest_evalreplay.storage.runschema import (
@@ -286,14 +287,13 @@ def _samples(iid: str, saved: _Saved, where: str) -> list[tuple[int, dict[str, f
 def _pooled_scores(iid: str, rows: list[_Saved], path: Path) -> dict[str, float]:
     """The scores of an instance with several rows (several stages, or a
     crashed run's batches): the mean over all its samples, a sample saved
-    twice counting once (the later save wins), like the plugin's own aggregation.
-    An instance with one row has that row's `scores`."""
+    twice counting once (the later save wins), in the run's item order (stage,
+    then rollout) and by the plugin's own aggregation (`metrics.instance_means`),
+    so it equals the session's to the last bit. An instance with one row has
+    that row's `scores`."""
     pooled: dict[tuple[int, int], dict[str, float]] = {}
     for saved in rows:
         for rollout, sample in _samples(iid, saved, f"{path}:{saved.lineno}"):
             pooled[(saved.stage, rollout)] = sample
-    values: dict[str, list[float]] = {}
-    for sample in pooled.values():
-        for metric, value in sample.items():
-            values.setdefault(metric, []).append(value)
-    return {metric: math.fsum(v) / len(v) for metric, v in sorted(values.items())}
+    means = instance_means((iid, pooled[key]) for key in sorted(pooled)).get(iid, {})
+    return dict(sorted(means.items()))

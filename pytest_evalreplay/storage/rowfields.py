@@ -9,7 +9,34 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pytest_evalreplay.model import EvalReplayError, show, type_name
+from pytest_evalreplay.model import EvalReplayError
+
+
+def type_name(value: Any) -> str:
+    """A value's kind for an error message, in the words of a JSON file
+    ("a number", "an object") rather than of Python, since that is what the
+    user wrote; anything JSON cannot hold is named by its Python type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """A value for a message: its repr, cut short (a saved field can be huge)."""
+    text = repr(value[: limit + 1] if isinstance(value, (str, bytes)) else value)
+    if len(text) > limit:
+        return text[: limit - 3] + "..."
+    return text
 
 
 def bad_field(where: str, name: str, expected: str, value: Any) -> EvalReplayError:

@@ -17,9 +17,9 @@ from typing import Any
 
 import orjson
 
-from pytest_evalreplay.model import TASK_NAME, EvalReplayError, Request, request_content, show
+from pytest_evalreplay.model import TASK_NAME, EvalReplayError, Request, request_content
 from pytest_evalreplay.storage.files import os_error, read_bytes
-from pytest_evalreplay.storage.rowfields import bad_field, not_an_object, optional_string
+from pytest_evalreplay.storage.rowfields import bad_field, not_an_object, optional_string, show
 
 FORMAT = "evalreplay/1"
 MANIFEST = "manifest.json"

@@ -1,8 +1,9 @@
 """Generate through a provider, as a stream, with retries; and score.
 
-Plain functions over tasks, providers and requests: the pytest session and
-`EvalTask.evaluate` both run through here, so a rollout is generated, retried
-and scored the same way inside and outside pytest. Side effects (the journal)
+Plain functions over tasks, providers and requests: the pytest session
+(`generation.py`, `taskrun.py`) and `EvalTask.evaluate` (`offline.py`) both
+run through here, so a rollout is generated, retried and scored the same way
+inside and outside pytest. Side effects (the journal)
 belong to the caller, which consumes the events this module yields.
 """
 
@@ -12,12 +13,12 @@ import math
 import queue
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pytest_evalreplay.journal.rows import Failure
 from pytest_evalreplay.model import (
     EvalReplayError,
-    Failure,
     GenerateResult,
     Generation,
     GenerationError,
@@ -25,7 +26,6 @@ from pytest_evalreplay.model import (
     Provider,
     Request,
     RequestKey,
-    RolloutResult,
     loglikelihoods_problem,
 )
 
@@ -321,6 +321,24 @@ class RoundEnd:
 Event = Done | Failed | RoundEnd
 
 
+@dataclass(frozen=True)
+class RolloutResult:
+    """The outcome of one item: a scored generation, or a failure."""
+
+    task: str
+    stage: int
+    instance_id: str
+    rollout: int
+    generation: Generation | None = None
+    scores: Mapping[str, float] = field(default_factory=dict)
+    error: str | None = None
+    failure_class: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
 def generate_events(
     provider: Provider,
     requests: Sequence[Request],
@@ -382,49 +400,3 @@ def score_generation(
         if not math.isfinite(value):
             return None, f"scorer returned {value!r} for {name!r}; scores must be finite numbers"
     return scores, None
-
-
-def run_requests(
-    task: ScoredTask,
-    provider: Provider,
-    requests: Sequence[Request],
-    max_attempts: int = 3,
-    timeout: float | None = None,
-) -> list[RolloutResult]:
-    """Generate and score, outside pytest (`EvalTask.evaluate`)."""
-    results: list[RolloutResult] = []
-    for event in generate_events(provider, requests, max_attempts, timeout=timeout):
-        request = getattr(event, "request", None)
-        if request is None:
-            continue
-        base = {"task": task.name, "stage": request.stage, "instance_id": request.instance_id}
-        if isinstance(event, Failed):
-            if event.failure.final:
-                results.extend(
-                    RolloutResult(
-                        **base,
-                        rollout=r,
-                        error=event.failure.message,
-                        failure_class=event.failure.failure_class,
-                    )
-                    for r in request.rollouts
-                )
-            continue
-        assert isinstance(event, Done)
-        instance = task.instance(request.instance_id)
-        for rollout, raw in zip(request.rollouts, event.generations, strict=True):
-            generation = task.postprocess(raw)
-            scores, error = score_generation(task, instance, generation)
-            results.append(
-                RolloutResult(
-                    **base,
-                    rollout=rollout,
-                    generation=generation,
-                    scores=scores or {},
-                    error=error,
-                    failure_class="scoring" if error else None,
-                )
-            )
-    order = {request_key(r): n for n, r in enumerate(requests)}
-    results.sort(key=lambda r: (order[(r.stage, r.instance_id)], r.rollout))
-    return results
