@@ -10,22 +10,11 @@ import subprocess
 import sys
 
 import pytest
+from echo_project import CONFTEST
 from elo_project import Project
 
 pytestmark = pytest.mark.filterwarnings("error")
 
-CONFTEST = """
-from pytest_evalreplay import Generation
-
-class Echo:
-    kind, model, batch_size = "echo", "echo-1", None
-
-    def generate(self, requests):
-        return [[Generation(text="answer " + r.instance_id) for _ in r.rollouts] for r in requests]
-
-def pytest_evalreplay_make_provider(config, kind):
-    return Echo() if kind == "echo" else None
-"""
 
 EVALS = """
 from pytest_evalreplay import EvalTask
