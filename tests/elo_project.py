@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from subprocess_pytest import PYTEST, child_env
+from subprocess_pytest import OUTER, PYTEST, child_env
 
 POOL = [{"id": f"t{n:03d}", "q": f"question {n}", "gold": f"gold {n}"} for n in range(12)]
 PROMPT = "Q: {q}"
@@ -205,8 +205,8 @@ class Project:
             )
             return Ran(done.returncode, done.stdout, done.stderr)
         with pytest.MonkeyPatch.context() as patch, contextlib.chdir(self.path):
-            for name in list(os.environ):
-                if name.startswith(KNOBS):
+            for name in list(os.environ):  # as child_env drops them for a child
+                if name.startswith((*OUTER, *KNOBS)):
                     patch.delenv(name)
             for name, value in env.items():
                 patch.setenv(name, value)
