@@ -1,14 +1,20 @@
 """The ELO test project: a pool, three references of known rating, a
-candidate and a judge model from a conftest, run as real `python -m pytest`
-processes (kills and interrupts need them). Shared by the ELO plugin tests."""
+candidate and a judge model from a conftest. Shared by the ELO plugin tests.
+Given a `pytester`, a project runs in process (seconds faster a run); a run
+that SIGKILLs itself or starts xdist workers, and a project without one, is a
+real `python -m pytest` process."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-from subprocess_pytest import PYTEST, child_env
+import pytest
+from subprocess_pytest import OUTER, PYTEST, child_env
 
 POOL = [{"id": f"t{n:03d}", "q": f"question {n}", "gold": f"gold {n}"} for n in range(12)]
 PROMPT = "Q: {q}"
@@ -32,7 +38,9 @@ class Candidate:
         out = []
         for r in requests:
             log("CALL_LOG", [r.instance_id, r.stage, list(r.rollouts)])
-            if len(open(os.environ["CALL_LOG"]).readlines()) == int(os.environ.get("INTERRUPT_AT_CALL", "0")):
+            with open(os.environ["CALL_LOG"], "rb") as fh:
+                asked = len(fh.readlines())
+            if asked == int(os.environ.get("INTERRUPT_AT_CALL", "0")):
                 raise KeyboardInterrupt
             n = int(r.instance_id[1:])
             right = (n % 3 != 0) if self.model == "good" else False
@@ -129,9 +137,26 @@ def write_reference(directory: Path, name: str, accuracy: float) -> Path:
     return directory / f"{name}-predictions.jsonl"
 
 
+# A test's own knobs: an outer value (from another run) is never inherited.
+KNOBS = ("KILL_", "INTERRUPT_", "JUDGE_")
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What a run left, in process or not: subprocess.CompletedProcess's fields."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
 class Project:
-    def __init__(self, path: Path, **fields: str) -> None:
-        self.path = path
+    def __init__(self, where: Path | pytest.Pytester, at: str = "", **fields: str) -> None:
+        """`where`: a directory (every run a child process) or a pytester (runs
+        in process where they can be); `at`: a subdirectory of it."""
+        self.pytester = where if isinstance(where, pytest.Pytester) else None
+        base = where.path if isinstance(where, pytest.Pytester) else where
+        self.path = path = base / at if at else base
         path.mkdir(parents=True, exist_ok=True)
         (path / "conftest.py").write_text(CONFTEST)
         for name, (_, accuracy) in REFERENCES.items():
@@ -162,18 +187,31 @@ class Project:
         }
         (self.path / "test_elo.py").write_text(EVALS.format(**values))
 
-    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        environ = child_env(("KILL_", "INTERRUPT_", "JUDGE_"), **env)
-        environ.setdefault("CALL_LOG", str(self.path / "calls.jsonl"))
-        environ.setdefault("JUDGE_LOG", str(self.path / "judge.jsonl"))
-        environ.setdefault("JUDGE_MODEL_LOG", str(self.path / "judge-model.jsonl"))
-        cmd = list(PYTEST)
-        if "-n" in args:
-            cmd += ["-p", "xdist"]
+    def run(self, *args: str, **env: str) -> Ran:
+        logs = {
+            "CALL_LOG": str(self.path / "calls.jsonl"),
+            "JUDGE_LOG": str(self.path / "judge.jsonl"),
+            "JUDGE_MODEL_LOG": str(self.path / "judge-model.jsonl"),
+        }
+        env = logs | env
+        options = []
         if not any(a.startswith("--evalreplay-predictions") for a in args):
-            cmd.append("--evalreplay-provider=cand")
-        cmd += [f"--evalreplay-output={self.out}", "-q", "-rs", *args]
-        return subprocess.run(cmd, cwd=self.path, env=environ, capture_output=True, text=True, timeout=300)
+            options.append("--evalreplay-provider=cand")
+        options += [f"--evalreplay-output={self.out}", "-q", "-rs", *args]
+        if self.pytester is None or "-n" in args or "KILL_AT_JUDGE" in env:
+            cmd = [*PYTEST, *(["-p", "xdist"] if "-n" in args else []), *options]
+            done = subprocess.run(
+                cmd, cwd=self.path, env=child_env(KNOBS, **env), capture_output=True, text=True, timeout=300
+            )
+            return Ran(done.returncode, done.stdout, done.stderr)
+        with pytest.MonkeyPatch.context() as patch, contextlib.chdir(self.path):
+            for name in list(os.environ):  # as child_env drops them for a child
+                if name.startswith((*OUTER, *KNOBS)):
+                    patch.delenv(name)
+            for name, value in env.items():
+                patch.setenv(name, value)
+            result = self.pytester.runpytest_inprocess(*options, no_reraise_ctrlc=True)
+        return Ran(result.ret, "\n".join(result.outlines), "\n".join(result.errlines))
 
     def log(self, name: str) -> list:
         path = self.path / name

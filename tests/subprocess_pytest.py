@@ -19,13 +19,13 @@ PYTEST = [
 ]
 
 # The outer session's options, its xdist worker id and GitHub's step summary.
-_OUTER = ("PYTEST_ADDOPTS", "PYTEST_XDIST_", "GITHUB_STEP_SUMMARY")
+OUTER = ("PYTEST_ADDOPTS", "PYTEST_XDIST_", "GITHUB_STEP_SUMMARY")
 
 
 def child_env(drop: tuple[str, ...] = (), **values: str) -> dict[str, str]:
     """os.environ less the outer session's variables and those starting with
     `drop` (a test's own knobs left from another run), plus `values`; only
     the plugins a command names are loaded."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith((*_OUTER, *drop))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith((*OUTER, *drop))}
     env.update(values, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     return env

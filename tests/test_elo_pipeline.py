@@ -32,20 +32,20 @@ def refs(**elos: float) -> str:
     ],
     ids=["reference-rating", "judge-source"],
 )
-def test_an_edit_that_changes_a_stage_fingerprint_rejudges_without_failing_equal_verdicts(tmp_path, edit):
-    project = Project(tmp_path, seed="3")
+def test_an_edit_that_changes_a_stage_fingerprint_rejudges_without_failing_equal_verdicts(pytester, edit):
+    project = Project(pytester, seed="3")
     assert project.run().returncode == 0
     project.write(seed="3", **edit)
     result = project.run("--resume")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no verdicts were recorded" not in result.stdout
-    clean = Project(tmp_path / "clean", seed="3", **edit)
+    clean = Project(pytester, at="clean", seed="3", **edit)
     assert clean.run().returncode == 0
     assert project.elo()["rating"] == clean.elo()["rating"]
 
 
-def test_ctrl_c_in_the_provider_stops_an_elo_eval(tmp_path):
-    project = Project(tmp_path, seed="3")
+def test_ctrl_c_in_the_provider_stops_an_elo_eval(pytester):
+    project = Project(pytester, seed="3")
     result = project.run(INTERRUPT_AT_CALL="2")
     assert result.returncode == 2, result.stdout + result.stderr
     assert len(project.log("calls.jsonl")) == 2  # nothing asked after the interrupt
@@ -56,8 +56,8 @@ def test_ctrl_c_in_the_provider_stops_an_elo_eval(tmp_path):
     assert all(s["complete"] for s in project.elo()["stages"])
 
 
-def test_x_stops_after_the_first_failed_item_and_judges_no_later_stage(tmp_path):
-    project = Project(tmp_path, seed="2", bad_value="0.7")  # t001 is in stage 1; its verdicts are bad
+def test_x_stops_after_the_first_failed_item_and_judges_no_later_stage(pytester):
+    project = Project(pytester, seed="2", bad_value="0.7")  # t001 is in stage 1; its verdicts are bad
     result = project.run("-x")
     assert result.returncode == 1, result.stdout + result.stderr
     assert {r["stage"] for r in project.stage_records() if r["kind"] == "planned"} == {1}
@@ -67,8 +67,8 @@ def test_x_stops_after_the_first_failed_item_and_judges_no_later_stage(tmp_path)
     assert judged == set(stages[0]["task_ids"])
 
 
-def test_resume_after_a_prompt_edit_says_how_many_were_regenerated_because_their_request_changed(tmp_path):
-    project = Project(tmp_path, seed="3")
+def test_resume_after_a_prompt_edit_says_how_many_were_regenerated_because_their_request_changed(pytester):
+    project = Project(pytester, seed="3")
     assert project.run().returncode == 0
     project.write(seed="3", prompt="Question: {q}")
     result = project.run("--resume")
@@ -76,17 +76,17 @@ def test_resume_after_a_prompt_edit_says_how_many_were_regenerated_because_their
     assert "12 regenerated (request changed)" in result.stdout
 
 
-def test_a_function_judge_is_called_again_on_kept_stages_so_no_stale_verdict_stays(tmp_path):
-    (tmp_path / "judgehelp.py").write_text(
+def test_a_function_judge_is_called_again_on_kept_stages_so_no_stale_verdict_stays(pytester):
+    (pytester.path / "judgehelp.py").write_text(
         "def verdict(mine, theirs):\n    return 0.5 if mine == theirs else float(mine)\n"
     )
-    project = Project(tmp_path, seed="3", judge_helper="True")
+    project = Project(pytester, seed="3", judge_helper="True")
     assert project.run().returncode == 0
     # The helper now says the candidate loses every pair: every verdict changes.
-    (tmp_path / "judgehelp.py").write_text("def verdict(mine, theirs):\n    return 0.0\n")
+    (pytester.path / "judgehelp.py").write_text("def verdict(mine, theirs):\n    return 0.0\n")
     result = project.run("--resume")
     assert result.returncode == 0, result.stdout + result.stderr
-    clean = Project(tmp_path / "clean", seed="3", judge_helper="True")
+    clean = Project(pytester, at="clean", seed="3", judge_helper="True")
     (clean.path / "judgehelp.py").write_text("def verdict(mine, theirs):\n    return 0.0\n")
     assert clean.run().returncode == 0
     assert project.elo()["rating"] == clean.elo()["rating"]
@@ -95,8 +95,8 @@ def test_a_function_judge_is_called_again_on_kept_stages_so_no_stale_verdict_sta
     ]
 
 
-def test_an_llm_judges_verdicts_are_reused_only_from_the_same_judge_model(tmp_path):
-    project = Project(tmp_path, seed="4", judge="judges.llm('judgemodel')")
+def test_an_llm_judges_verdicts_are_reused_only_from_the_same_judge_model(pytester):
+    project = Project(pytester, seed="4", judge="judges.llm('judgemodel')")
     assert project.run().returncode == 0
     asked = len(project.log("judge-model.jsonl"))
     assert project.run("--resume").returncode == 0
@@ -108,8 +108,8 @@ def test_an_llm_judges_verdicts_are_reused_only_from_the_same_judge_model(tmp_pa
     )  # another judge model: every verdict asked again
 
 
-def test_a_task_named_like_an_elo_evals_judge_files_is_a_collection_error(tmp_path):
-    project = Project(tmp_path, seed="3", judge="judges.llm('judgemodel')")
+def test_a_task_named_like_an_elo_evals_judge_files_is_a_collection_error(pytester):
+    project = Project(pytester, seed="3", judge="judges.llm('judgemodel')")
     path = project.path / "test_elo.py"
     path.write_text(
         path.read_text() + "\nclash = EvalTask('memo-judge', [{'id': 'a', 'q': 'x'}], prompt='{q}')\n"
@@ -120,8 +120,8 @@ def test_a_task_named_like_an_elo_evals_judge_files_is_a_collection_error(tmp_pa
     assert "'memo-judge'" in out and "memo" in out and "rename" in out
 
 
-def test_a_hand_edited_plan_naming_an_unknown_reference_names_the_journal_line(tmp_path):
-    project = Project(tmp_path, seed="3")
+def test_a_hand_edited_plan_naming_an_unknown_reference_names_the_journal_line(pytester):
+    project = Project(pytester, seed="3")
     result = project.run(KILL_AT_JUDGE="14")  # stage 2 planned, not complete
     assert result.returncode == -9
     journal = project.out / "memo-journal.jsonl"
@@ -182,8 +182,8 @@ def test_a_stage_asking_for_more_tasks_than_the_pool_has_says_so_plainly():
     )
 
 
-def test_unreadable_judge_replies_are_counted_judging_failures_never_silent_ties(tmp_path):
-    project = Project(tmp_path, seed="4", judge="judges.llm('judgemodel')")
+def test_unreadable_judge_replies_are_counted_judging_failures_never_silent_ties(pytester):
+    project = Project(pytester, seed="4", judge="judges.llm('judgemodel')")
     result = project.run("--evalreplay-max-attempts=2", JUDGE_REPLY="I cannot decide.")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "unreadable verdict: 'I cannot decide.'" in result.stdout
@@ -199,8 +199,8 @@ def test_unreadable_judge_replies_are_counted_judging_failures_never_silent_ties
     assert asked and all(asked.count(x) == 2 for x in asked)
 
 
-def test_unreadable_replies_kept_as_ties_when_the_judge_says_so_are_still_counted(tmp_path):
-    project = Project(tmp_path, seed="4", judge="judges.llm('judgemodel', unreadable='tie')")
+def test_unreadable_replies_kept_as_ties_when_the_judge_says_so_are_still_counted(pytester):
+    project = Project(pytester, seed="4", judge="judges.llm('judgemodel', unreadable='tie')")
     result = project.run(JUDGE_REPLY="I cannot decide.")
     assert result.returncode == 0, result.stdout + result.stderr
     stages = project.elo()["stages"]
@@ -208,8 +208,8 @@ def test_unreadable_replies_kept_as_ties_when_the_judge_says_so_are_still_counte
     assert "24 (24 unreadable replies)" in result.stdout  # the stage table
 
 
-def test_verdicts_in_the_journal_are_judged_again_not_trusted_on_resume(tmp_path):
-    project = Project(tmp_path, seed="3")
+def test_verdicts_in_the_journal_are_judged_again_not_trusted_on_resume(pytester):
+    project = Project(pytester, seed="3")
     assert project.run().returncode == 0
     rating = project.elo()["rating"]
     journal = project.out / "memo-journal.jsonl"

@@ -1,7 +1,7 @@
 """Multi-stage ELO evals as pytest users meet them: items per (task, stage,
 rollout), stage plans in the journal, --resume after a SIGKILL mid-stage,
---resume-stage, xdist, replay, LLM judges and the ELO gate. Runs are real
-`python -m pytest` processes (kills need them)."""
+--resume-stage, xdist, replay, LLM judges and the ELO gate. Runs are in
+process but for the kills and xdist (real `python -m pytest` processes)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Project:
     return project
 
 
-def test_one_item_per_task_stage_and_rollout_and_k_selects_a_stage(tmp_path):
-    project = Project(tmp_path, seed="3")
+def test_one_item_per_task_stage_and_rollout_and_k_selects_a_stage(pytester):
+    project = Project(pytester, seed="3")
     result = project.run("--collect-only")
     ids = [x for x in result.stdout.splitlines() if "::" in x]
     assert len(ids) == 12
@@ -63,9 +63,9 @@ def test_a_seed_drawn_once_is_recorded_and_a_resumed_run_collects_the_same_items
 
 
 def test_sigkill_in_stage_2_then_resume_replays_its_plan_and_ends_as_the_uninterrupted_run(
-    tmp_path, uninterrupted
+    pytester, uninterrupted
 ):
-    project = Project(tmp_path)
+    project = Project(pytester)
     # The seed is drawn (seed=None), so pin this project's draw to the uninterrupted run's.
     seed = uninterrupted.stage_records()[0]["seed"]
     project.write(seed=str(seed))
@@ -91,8 +91,8 @@ def test_sigkill_in_stage_2_then_resume_replays_its_plan_and_ends_as_the_uninter
         assert (project.out / name).read_bytes() == (uninterrupted.out / name).read_bytes()
 
 
-def test_sigkill_with_no_seed_then_resume_keeps_the_drawn_plan(tmp_path):
-    project = Project(tmp_path)
+def test_sigkill_with_no_seed_then_resume_keeps_the_drawn_plan(pytester):
+    project = Project(pytester)
     result = project.run(KILL_AT_JUDGE="14")
     assert result.returncode == -9
     seed = project.stage_records()[0]["seed"]
@@ -104,9 +104,9 @@ def test_sigkill_with_no_seed_then_resume_keeps_the_drawn_plan(tmp_path):
     assert after[: len(planned)] == planned
 
 
-def test_a_stage_with_no_judged_pair_stays_incomplete(tmp_path):
-    project = Project(tmp_path)
-    write_reference(tmp_path / "refs", "empty", 0.0)
+def test_a_stage_with_no_judged_pair_stays_incomplete(pytester):
+    project = Project(pytester)
+    write_reference(pytester.path / "refs", "empty", 0.0)
     project.write(
         references="{'empty': Reference(1000, 'refs/empty-predictions.jsonl')}",
         stages="[Stage(tasks=4)]",
@@ -120,8 +120,8 @@ def test_a_stage_with_no_judged_pair_stays_incomplete(tmp_path):
     assert project.elo()["rating"] is None
 
 
-def test_resume_stage_keeps_earlier_stages_and_plans_the_rest_afresh(tmp_path):
-    project = Project(tmp_path, seed="11")
+def test_resume_stage_keeps_earlier_stages_and_plans_the_rest_afresh(pytester):
+    project = Project(pytester, seed="11")
     assert project.run().returncode == 0
     before = project.elo()
     asked = len(project.log("calls.jsonl"))
@@ -138,8 +138,8 @@ def test_resume_stage_keeps_earlier_stages_and_plans_the_rest_afresh(tmp_path):
     assert "4 skipped" in result.stdout  # stage 1's items, reused
 
 
-def test_resume_stage_plans_that_stage_again_when_nothing_changed(tmp_path):
-    project = Project(tmp_path, seed="11")
+def test_resume_stage_plans_that_stage_again_when_nothing_changed(pytester):
+    project = Project(pytester, seed="11")
     assert project.run().returncode == 0
     planned = [r for r in project.stage_records() if r["kind"] == "planned"]
     asked = len(project.log("calls.jsonl"))
@@ -154,8 +154,8 @@ def test_resume_stage_plans_that_stage_again_when_nothing_changed(tmp_path):
     )
 
 
-def test_resume_stage_refuses_when_an_earlier_stage_is_incomplete(tmp_path):
-    project = Project(tmp_path, seed="11")
+def test_resume_stage_refuses_when_an_earlier_stage_is_incomplete(pytester):
+    project = Project(pytester, seed="11")
     assert project.run(KILL_AT_JUDGE="5").returncode == -9
     result = project.run("--resume-stage=2")
     assert result.returncode == 4
@@ -163,16 +163,16 @@ def test_resume_stage_refuses_when_an_earlier_stage_is_incomplete(tmp_path):
     assert "use --resume-stage=1" in result.stderr
 
 
-def test_resume_stage_without_n_continues_at_the_first_incomplete_stage(tmp_path):
-    project = Project(tmp_path, seed="5")
+def test_resume_stage_without_n_continues_at_the_first_incomplete_stage(pytester):
+    project = Project(pytester, seed="5")
     assert project.run(KILL_AT_JUDGE="16").returncode == -9
     result = project.run("--resume-stage")
     assert result.returncode == 0, result.stdout + result.stderr
     assert all(s["complete"] for s in project.elo()["stages"])
 
 
-def test_a_changed_stage_config_starts_that_stage_fresh_and_says_what_changed(tmp_path):
-    project = Project(tmp_path, seed="2")
+def test_a_changed_stage_config_starts_that_stage_fresh_and_says_what_changed(pytester):
+    project = Project(pytester, seed="2")
     assert project.run().returncode == 0
     project.write(
         seed="2", stages="[Stage(tasks=4), Stage(tasks=4, references=2), Stage(tasks=4, references=2)]"
@@ -183,8 +183,8 @@ def test_a_changed_stage_config_starts_that_stage_fresh_and_says_what_changed(tm
     assert len(project.elo()["stages"][2]["references"]) == 2
 
 
-def test_a_bad_verdict_is_a_judging_failure_never_a_loss(tmp_path):
-    project = Project(tmp_path, seed="1", bad_value="0.7")
+def test_a_bad_verdict_is_a_judging_failure_never_a_loss(pytester):
+    project = Project(pytester, seed="1", bad_value="0.7")
     result = project.run()
     assert result.returncode == 1
     assert "the judge returned 0.7; return 1 (win), 0.5 (tie) or 0 (loss)" in result.stdout
@@ -211,13 +211,13 @@ def test_xdist_gives_the_same_plans_and_rating_as_a_serial_run(tmp_path, uninter
     ]
 
 
-def test_replaying_an_elo_run_dir_gives_the_same_rating_with_no_seed(tmp_path, uninterrupted):
-    project = Project(tmp_path)
+def test_replaying_an_elo_run_dir_gives_the_same_rating_with_no_seed(pytester, uninterrupted):
+    project = Project(pytester)
     result = project.run(
-        f"--evalreplay-predictions={uninterrupted.out}", f"--evalreplay-output={tmp_path / 're'}"
+        f"--evalreplay-predictions={uninterrupted.out}", f"--evalreplay-output={pytester.path / 're'}"
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    replayed = orjson.loads((tmp_path / "re" / "memo-metrics.json").read_bytes())
+    replayed = orjson.loads((pytester.path / "re" / "memo-metrics.json").read_bytes())
     assert replayed["elo"]["rating"] == uninterrupted.elo()["rating"]
     assert replayed["elo"]["seed"] == uninterrupted.elo()["seed"]
     assert [s["task_ids"] for s in replayed["elo"]["stages"]] == [
@@ -225,8 +225,8 @@ def test_replaying_an_elo_run_dir_gives_the_same_rating_with_no_seed(tmp_path, u
     ]
 
 
-def test_an_llm_judge_is_journaled_never_asked_again_and_replays_without_a_model(tmp_path):
-    project = Project(tmp_path, seed="4", judge="judges.llm('judgemodel')")
+def test_an_llm_judge_is_journaled_never_asked_again_and_replays_without_a_model(pytester):
+    project = Project(pytester, seed="4", judge="judges.llm('judgemodel')")
     result = project.run()
     assert result.returncode == 0, result.stdout + result.stderr
     asked = project.log("judge-model.jsonl")
@@ -242,7 +242,9 @@ def test_an_llm_judge_is_journaled_never_asked_again_and_replays_without_a_model
     scores = [r for r in project.journal_rows("memo") if r["type"] == "score"]
     assert len(scores) == 12 and all("judgments" in r and "scores" not in r for r in scores)
     assert not [r for r in project.journal_rows("memo-judge") if r["type"] == "score"]
-    replay = project.run(f"--evalreplay-predictions={project.out}", f"--evalreplay-output={tmp_path / 're'}")
+    replay = project.run(
+        f"--evalreplay-predictions={project.out}", f"--evalreplay-output={pytester.path / 're'}"
+    )
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert len(project.log("judge-model.jsonl")) == len(asked)
     # The journal as the previous version wrote it (each score row also held the
@@ -261,13 +263,13 @@ def test_an_llm_judge_is_journaled_never_asked_again_and_replays_without_a_model
     assert [r for r in project.journal_rows("memo") if r["type"] == "score"] == [
         r for r in old if r["type"] == "score"
     ]
-    assert orjson.loads((tmp_path / "re" / "memo-metrics.json").read_bytes())["elo"]["rating"] == rating
+    assert orjson.loads((pytester.path / "re" / "memo-metrics.json").read_bytes())["elo"]["rating"] == rating
 
 
-def test_the_elo_gate_pairs_with_a_baseline_over_shared_tasks(tmp_path):
-    project = Project(tmp_path, seed="9", gate="Gate('elo', min=800, max_drop=50)")
+def test_the_elo_gate_pairs_with_a_baseline_over_shared_tasks(pytester):
+    project = Project(pytester, seed="9", gate="Gate('elo', min=800, max_drop=50)")
     assert project.run("--evalreplay-baseline=base.json", "--evalreplay-update-baseline").returncode == 0
-    baseline = orjson.loads((tmp_path / "base.json").read_bytes())
+    baseline = orjson.loads((pytester.path / "base.json").read_bytes())
     assert baseline["tasks"]["memo"]["elo"]["table"]["tasks"]
     result = project.run("--evalreplay-baseline=base.json", "--evalreplay-model=bad")
     assert result.returncode == 1

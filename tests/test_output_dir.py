@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from echo_project import CONFTEST
 
 from pytest_evalreplay import EvalReplayError
 from pytest_evalreplay.rundir.writer import CACHEDIR_TAG, prepare_output_dir
@@ -17,18 +18,6 @@ from pytest_evalreplay.storage.files import NoFollowLock, own_dir
 
 pytestmark = pytest.mark.filterwarnings("error")
 
-CONFTEST = """
-from pytest_evalreplay import Generation
-
-class Echo:
-    kind, model, batch_size = "echo", "echo-1", None
-
-    def generate(self, requests):
-        return [[Generation(text="answer " + r.instance_id) for _ in r.rollouts] for r in requests]
-
-def pytest_evalreplay_make_provider(config, kind):
-    return Echo() if kind == "echo" else None
-"""
 
 EVALS = """
 from pytest_evalreplay import EvalTask

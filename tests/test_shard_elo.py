@@ -91,8 +91,8 @@ def sharded(p: Project, kill: int | None = None) -> Path:
     return merged
 
 
-def test_a_sharded_elo_eval_needs_a_seed(tmp_path: Path) -> None:
-    p = Project(tmp_path / "p", stages=STAGES, seed="None")
+def test_a_sharded_elo_eval_needs_a_seed(pytester: pytest.Pytester) -> None:
+    p = Project(pytester, at="p", stages=STAGES, seed="None")
     result = p.run("--evalreplay-shard=1/2")
     assert result.returncode == pytest.ExitCode.INTERRUPTED
     assert "--evalreplay-shard=1/2 would draw its own: give it EloEval(seed=...)" in result.stdout

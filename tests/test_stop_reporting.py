@@ -10,22 +10,11 @@ import subprocess
 import sys
 
 import pytest
+from echo_project import CONFTEST
 from elo_project import Project
 
 pytestmark = pytest.mark.filterwarnings("error")
 
-CONFTEST = """
-from pytest_evalreplay import Generation
-
-class Echo:
-    kind, model, batch_size = "echo", "echo-1", None
-
-    def generate(self, requests):
-        return [[Generation(text="answer " + r.instance_id) for _ in r.rollouts] for r in requests]
-
-def pytest_evalreplay_make_provider(config, kind):
-    return Echo() if kind == "echo" else None
-"""
 
 EVALS = """
 from pytest_evalreplay import EvalTask
@@ -95,8 +84,8 @@ def test_the_collection_line_is_printed_under_xdist(echo):
     result.stdout.fnmatch_lines(["evalreplay: 1 task, 4 to run"])
 
 
-def test_the_header_names_the_resume_stage_mode(tmp_path):
-    project = Project(tmp_path, seed="11")
+def test_the_header_names_the_resume_stage_mode(pytester):
+    project = Project(pytester, seed="11")
     assert project.run().returncode == 0
     result = project.run("--resume-stage=2", "-v")
     assert "mode: resume from stage 2" in result.stdout, result.stdout
@@ -104,8 +93,8 @@ def test_the_header_names_the_resume_stage_mode(tmp_path):
     assert "mode: resume from the first incomplete stage" in result.stdout, result.stdout
 
 
-def test_a_bare_resume_stage_with_every_stage_complete_reruns_nothing(tmp_path):
-    project = Project(tmp_path, seed="11")
+def test_a_bare_resume_stage_with_every_stage_complete_reruns_nothing(pytester):
+    project = Project(pytester, seed="11")
     assert project.run().returncode == 0
     asked = len(project.log("calls.jsonl"))
     result = project.run("--resume-stage")
