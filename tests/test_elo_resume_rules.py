@@ -7,31 +7,13 @@ again in a new one (only this run's final failure stops a request)."""
 from __future__ import annotations
 
 import pytest
-from elo_project import CONFTEST, EVALS, POOL, PROMPT, REFERENCES, write_reference
+from elo_project import CONFTEST, REFERENCES, evals_source, write_reference
 
 
 def write_project(pytester: pytest.Pytester, **fields: str) -> None:
-    refs = (
-        "{"
-        + ", ".join(
-            f"{name!r}: Reference({elo}, 'refs/{name}-predictions.jsonl')"
-            for name, (elo, _) in REFERENCES.items()
-        )
-        + "}"
-    )
-    values = {
-        "pool": POOL,
-        "prompt": PROMPT,
-        "references": refs,
-        "stages": "[Stage(tasks=4), Stage(tasks=4, references=1)]",
-        "judge": "judge",
-        "seed": "3",
-        "gate": "None",
-        "bad_value": "None",
-        "judge_helper": "False",
-        **fields,
-    }
-    pytester.makepyfile(test_elo=EVALS.format(**values))
+    """The ELO project's test module, with two stages (and a fixed seed) unless `fields` say otherwise."""
+    values = {"stages": "[Stage(tasks=4), Stage(tasks=4, references=1)]", "seed": "3", **fields}
+    pytester.makepyfile(test_elo=evals_source(**values))
 
 
 @pytest.fixture
