@@ -150,6 +150,31 @@ class Ran:
     stderr: str
 
 
+def evals_source(**fields: str) -> str:
+    """The test module of the ELO project, with `fields` in place of its defaults."""
+    refs = (
+        "{"
+        + ", ".join(
+            f"{name!r}: Reference({elo}, 'refs/{name}-predictions.jsonl')"
+            for name, (elo, _) in REFERENCES.items()
+        )
+        + "}"
+    )
+    values = {
+        "pool": POOL,
+        "prompt": PROMPT,
+        "references": refs,
+        "stages": "[Stage(tasks=4), Stage(tasks=4, references=2), Stage(tasks=4, references=1)]",
+        "judge": "judge",
+        "seed": "None",
+        "gate": "None",
+        "bad_value": "None",
+        "judge_helper": "False",
+        **fields,
+    }
+    return EVALS.format(**values)
+
+
 class Project:
     def __init__(self, where: Path | pytest.Pytester, at: str = "", **fields: str) -> None:
         """`where`: a directory (every run a child process) or a pytester (runs
@@ -165,27 +190,7 @@ class Project:
         self.write(**fields)
 
     def write(self, **fields: str) -> None:
-        refs = (
-            "{"
-            + ", ".join(
-                f"{name!r}: Reference({elo}, 'refs/{name}-predictions.jsonl')"
-                for name, (elo, _) in REFERENCES.items()
-            )
-            + "}"
-        )
-        values = {
-            "pool": POOL,
-            "prompt": PROMPT,
-            "references": refs,
-            "stages": "[Stage(tasks=4), Stage(tasks=4, references=2), Stage(tasks=4, references=1)]",
-            "judge": "judge",
-            "seed": "None",
-            "gate": "None",
-            "bad_value": "None",
-            "judge_helper": "False",
-            **fields,
-        }
-        (self.path / "test_elo.py").write_text(EVALS.format(**values))
+        (self.path / "test_elo.py").write_text(evals_source(**fields))
 
     def run(self, *args: str, **env: str) -> Ran:
         logs = {

@@ -19,9 +19,8 @@ from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.plugin import hookspecs, options
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from pytest_evalreplay.report.summary import Summary
+    from pytest_evalreplay.run.selection import Entry
     from pytest_evalreplay.run.session import EvalSession
 
 _PLUGIN_NAME = "evalreplay-session"
@@ -261,15 +260,12 @@ class EvalReplayPlugin:
             send_collection(self.session.output, workerinput, self.collection_lines(), groups)
 
     def _plan(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """Gather the eval items, plan their tasks, and apply the selection
+        (`run/selection.py` decides what is deselected and the order)."""
         if "pytest_evalreplay.plugin.items" not in sys.modules:
             return  # no eval item can exist before its module is imported (pytest_pycollect_makeitem)
-        from pytest_evalreplay.plugin.items import (
-            GateItem,
-            RolloutItem,
-            TaskItem,
-            not_this_shard,
-            shard_lines,
-        )
+        from pytest_evalreplay.plugin.items import TaskItem
+        from pytest_evalreplay.run import selection
 
         eval_items = [item for item in items if isinstance(item, TaskItem)]
         if not eval_items:
@@ -282,91 +278,51 @@ class EvalReplayPlugin:
                     f"two different tasks are named {item.task.name!r} ({item.nodeid}); task names must "
                     "be unique in a session (they name run dir files)"
                 )
-            if isinstance(item, RolloutItem):
-                entry[1].append(item.key)
+            if (key := _entry(item).key) is not None:
+                entry[1].append(key)
+        opts = selection.Options(
+            resume=self.settings.resume,
+            report_reused=self.settings.report_reused,
+            no_generate=self.settings.no_generate,
+            collect_only=bool(config.option.collectonly),
+            serial=not hasattr(config, "workerinput"),
+        )
         shard = self.settings.shard
         if shard is not None:  # every shard collects every item; the others' are deselected
-            self._shard_lines = shard_lines(shard, eval_items)
-            self._drop(config, items, lambda i: not_this_shard(shard, i))
+            entries = [_entry(i) for i in items]
+            self._shard_lines = selection.shard_lines(shard, entries)
+            self._drop(config, items, [items[n] for n in selection.not_this_shard(shard, entries)])
             for name, (_, keys) in tasks.items():
-                keys[:] = [key for key in keys if shard.owns(name, key)]
-        collect_only = bool(config.option.collectonly)
-        if collect_only and self.settings.provider is None:
+                keys[:] = selection.owned(shard, name, keys)
+        if opts.collect_only and self.settings.provider is None:
             self._unplanned = len(tasks)  # reuse is by provider: without one there is nothing to plan
             return
         try:
-            self.session.register(list(tasks.values()), collect_only=collect_only)
-            deselect: set[tuple[str, tuple[int, str, int]]] = set()
-            serial = not hasattr(config, "workerinput")
-            if serial and self.settings.resume and not collect_only:
-                done = self.session.rescore_reused()
-                if not self.settings.report_reused:
-                    deselect.update((name, key) for name, keys in done.items() for key in keys)
+            self.session.register(list(tasks.values()), collect_only=opts.collect_only)
+            done = self.session.rescore_reused() if opts.rescores_reused else {}
         except EvalReplayError as exc:
             raise pytest.UsageError(str(exc)) from None
-        if self.settings.no_generate and not collect_only:
-            self._hold_back(config, items)
-        waiting = {(run.name, key) for run in self.session.runs.values() for key in run.waiting}
-        if waiting:
-            self._drop(
-                config, items, lambda i: isinstance(i, RolloutItem) and (i.task.name, i.key) in waiting
-            )
-        if deselect:
-            self._deselected = self._drop(
-                config, items, lambda i: isinstance(i, RolloutItem) and (i.task.name, i.key) in deselect
-            )
-        # Each gate runs after its task's last item, whatever order others left.
-        gates = [i for i in items if isinstance(i, GateItem)]
-        if gates:
-            rest = [i for i in items if not isinstance(i, GateItem)]
-            last: dict[str, int] = {}
-            for n, item in enumerate(rest):
-                if isinstance(item, RolloutItem):
-                    last[item.task.name] = n
-            ordered: list[pytest.Item] = []
-            pending = {g.task.name: g for g in gates}
-            for n, item in enumerate(rest):
-                ordered.append(item)
-                if isinstance(item, RolloutItem) and last.get(item.task.name) == n:
-                    gate = pending.pop(item.task.name, None)
-                    if gate is not None:
-                        ordered.append(gate)
-            ordered.extend(pending.values())
-            items[:] = ordered
-
-    def _hold_back(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """--evalreplay-no-generate: what needs generating is deselected (it
-        stays missing), and so is the gate of a task it leaves incomplete."""
-        from pytest_evalreplay.plugin.items import GateItem, RolloutItem
-
-        held = self.session.hold_back()
-        keys = {(name, key) for name, ks in held.items() for key in ks}
-        self._drop(
-            config,
-            items,
-            lambda i: (
-                (isinstance(i, RolloutItem) and (i.task.name, i.key) in keys)
-                or (isinstance(i, GateItem) and i.task.name in held)
-            ),
+        reused = (
+            {(name, key) for name, keys in done.items() for key in keys} if opts.deselects_reused else set()
         )
-        self._shard_lines += [
-            f"{len(ks):,} items of {name} need generating (deselected: --evalreplay-no-generate): "
-            "they stay missing, and its gate is not judged"
-            for name, ks in held.items()
-        ]
+        held = self.session.hold_back() if opts.holds_back else {}
+        waiting = {(run.name, key) for run in self.session.runs.values() for key in run.waiting}
+        chosen = selection.select([_entry(i) for i in items], held, waiting, reused)
+        planned = list(items)
+        for group in chosen.drops:
+            self._drop(config, items, [planned[n] for n in group])
+        if chosen.reused:
+            self._deselected = chosen.reused
+        self._shard_lines += chosen.lines
+        items[:] = [planned[n] for n in chosen.order]
 
-    def _drop(
-        self, config: pytest.Config, items: list[pytest.Item], gone: Callable[[pytest.Item], bool]
-    ) -> int:
-        """Deselect the items `gone` picks (pytest's own way: -k, --lf and the
-        terminal count them); how many."""
-        dropped = [i for i in items if gone(i)]
+    def _drop(self, config: pytest.Config, items: list[pytest.Item], dropped: list[pytest.Item]) -> None:
+        """Deselect `dropped` (pytest's own way: -k, --lf and the terminal count them)."""
         if dropped:
             self._deselected_all = len(dropped) == len(items)
             config.hook.pytest_deselected(items=dropped)
             ids = {id(i) for i in dropped}
             items[:] = [i for i in items if id(i) not in ids]
-        return len(dropped)
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str] | None:
         return self.collection_lines()
@@ -468,6 +424,18 @@ class EvalReplayPlugin:
             gc.set_threshold(*self._gc_thresholds)
         if self._session is not None:
             self._session.close()
+
+
+def _entry(item: pytest.Item) -> Entry:
+    """An item as the selection sees it (`run/selection.py`)."""
+    from pytest_evalreplay.plugin.items import GateItem, RolloutItem
+    from pytest_evalreplay.run.selection import Entry
+
+    if isinstance(item, RolloutItem):
+        return Entry(item.task.name, item.key)
+    if isinstance(item, GateItem):
+        return Entry(item.task.name, gate=True)
+    return Entry()
 
 
 def output_dir(config: pytest.Config, settings: options.Settings) -> Path:

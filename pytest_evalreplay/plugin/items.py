@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from pytest_evalreplay.run.session import EvalSession
-    from pytest_evalreplay.shard import Shard
 
 SESSION_KEY: pytest.StashKey[EvalSession] = pytest.StashKey()
 COLLECTED_KEY: pytest.StashKey[dict[int, str]] = pytest.StashKey()
@@ -223,25 +222,3 @@ def record(item: pytest.Item, result: RolloutResult) -> None:
                 props.append((f"agent.{name}", gen.metadata[name]))
     if result.failure_class is not None:
         props.append(("evalreplay.failure_class", result.failure_class))
-
-
-def not_this_shard(shard: Shard, item: pytest.Item) -> bool:
-    """Another shard's rollout, or a gate (judged on the whole task, after the merge)."""
-    if isinstance(item, GateItem):
-        return True
-    return isinstance(item, RolloutItem) and not shard.owns(item.task.name, item.key)
-
-
-def shard_lines(shard: Shard, items: list[pytest.Item]) -> list[str]:
-    """Per task, how much of it this shard runs."""
-    counts: dict[str, list[int]] = {}
-    for item in items:
-        if isinstance(item, RolloutItem):
-            count = counts.setdefault(item.task.name, [0, 0])
-            count[0] += shard.owns(item.task.name, item.key)
-            count[1] += 1
-    return [
-        f"shard {shard}: {mine:,} of {total:,} items of {name} (the rest deselected; gates are judged after "
-        "the merge)"
-        for name, (mine, total) in counts.items()
-    ]

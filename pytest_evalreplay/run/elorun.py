@@ -21,20 +21,26 @@ the same request asked of the same judge (`elojudge.py`).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_evalreplay.fingerprint import describe_change, fingerprint
+from pytest_evalreplay.fingerprint import fingerprint
 from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.journal.rows import RolloutKey
 from pytest_evalreplay.journal.stagelog import StageLog, complete_row, planned_row, seed_row
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.numbers import planning
 from pytest_evalreplay.numbers.elo.rating import Ratings
-from pytest_evalreplay.numbers.elo.stageplan import wait_for_merge
+from pytest_evalreplay.numbers.elo.stageplan import (
+    choose_seed,
+    replan_from,
+    replays,
+    same_rating,
+    shown,
+    wait_for_merge,
+)
 from pytest_evalreplay.numbers.gates import BaselineTask, PairedDrop
 from pytest_evalreplay.numbers.metrics import TaskOutcome, item_outcome, task_outcome
 from pytest_evalreplay.numbers.planning import Decisions, TaskPlan
@@ -53,22 +59,23 @@ class StagePlan:
 
 
 def draw(ctx: RunContext, eval_: EloEval) -> tuple[int, list[list[str]]]:
-    """An EloEval's seed and each stage's task ids: its own seed; else the one
-    its journal recorded (so a resumed run, and every xdist worker, collects
-    the same items); else the saved run's being replayed; else this run's."""
-    seed = eval_.seed
-    if seed is None and not ctx.settings.reset:
-        seed = recorded_seed(ctx.output_factory(), eval_.name, ctx.snapshot.get(eval_.name))
-    if seed is None and ctx.settings.provider == "replay" and ctx.settings.predictions is not None:
-        seed = saved_seed(ctx.settings.predictions, eval_.name)
-    if seed is None and ctx.settings.shard is not None:
-        raise EvalReplayError(
-            f"{eval_.name!r} draws its stages' tasks from a seed, and each shard of "
-            f"--evalreplay-shard={ctx.settings.shard} would draw its own: give it EloEval(seed=...) "
-            "(or run the shards from a copy of a merged dir, whose journal records one)"
-        )
-    if seed is None:
-        seed = ctx.seed
+    """An EloEval's seed (`stageplan.choose_seed`, asking the journal, then
+    the saved run being replayed) and each stage's task ids."""
+    s = ctx.settings
+    seed = choose_seed(
+        eval_.name,
+        eval_.seed,
+        lambda: (
+            None if s.reset else recorded_seed(ctx.output_factory(), eval_.name, ctx.snapshot.get(eval_.name))
+        ),
+        lambda: (
+            saved_seed(s.predictions, eval_.name)
+            if s.provider == "replay" and s.predictions is not None
+            else None
+        ),
+        None if s.shard is None else str(s.shard),
+        ctx.seed,
+    )
     return seed, eval_.draw(seed)
 
 
@@ -122,10 +129,17 @@ class EloRun(Rollouts):
             seed,
             ctx.settings.max_attempts,
         )
-        replan_from, stage_lines = _replan_from(
-            ctx, eval_, log, fingerprints, configs, lambda s: ratings.table(upto=s, only=s).num_judgments
+        first_fresh, stage_lines = replan_from(
+            eval_.name,
+            len(eval_.stages),
+            ctx.resuming,
+            ctx.settings.resume_stage,
+            log,
+            fingerprints,
+            configs,
+            lambda s: ratings.table(upto=s, only=s).num_judgments,
         )
-        decisions = _decide(ctx, plan, selected, index, replan_from)
+        decisions = _decide(ctx, plan, selected, index, first_fresh)
         run = cls(
             ctx,
             eval_.name,
@@ -140,7 +154,7 @@ class EloRun(Rollouts):
             stage_tasks=stage_tasks,
             fingerprints=fingerprints,
             configs=configs,
-            replan_from=replan_from,
+            replan_from=first_fresh,
             judging=Judging(ctx, eval_, directory),
             ratings=ratings,
             lines=[*stage_lines, *lines],
@@ -245,26 +259,28 @@ class EloRun(Rollouts):
             prior = self._rating().fit(upto=stage - 1).rating
         total = len(self.elo.stages)
         record = self.log().stages.get(stage)
-        if record is not None and self._replayable(stage, record.run):
-            if not _same_rating(record.prior_rating, prior):
-                self.ctx.note(
-                    f"{self.name}: stage {stage}/{total} planned afresh (the rating it starts from changed: "
-                    f"{_shown(record.prior_rating)} -> {_shown(prior)})"
+        settings = self.ctx.settings
+        resumes = settings.resume or settings.resume_stage is not None
+        fingerprint_, task_ids = self.fingerprints[stage - 1], self.stage_tasks[stage - 1]
+        replay = replays(
+            record, stage, self.ctx.run_id, self.replan_from, resumes, prior, fingerprint_, task_ids
+        )
+        if replay == "rating changed" and record is not None:
+            self.ctx.note(
+                f"{self.name}: stage {stage}/{total} planned afresh (the rating it starts from changed: "
+                f"{shown(record.prior_rating)} -> {shown(prior)})"
+            )
+        elif replay == "replay" and record is not None:
+            unknown = [r for r in record.references if r not in self.elo.references]
+            if unknown:
+                raise EvalReplayError(
+                    f"{self.recorder.index.path}:{record.lineno}: stage {stage}'s recorded plan names "
+                    f"reference {unknown[0]!r}, which {self.name!r} does not have; run with "
+                    f"--resume-stage={stage} to plan the stage again (or fix that line)"
                 )
-            elif (
-                record.fingerprint == self.fingerprints[stage - 1]
-                and record.task_ids == self.stage_tasks[stage - 1]
-            ):
-                unknown = [r for r in record.references if r not in self.elo.references]
-                if unknown:
-                    raise EvalReplayError(
-                        f"{self.recorder.index.path}:{record.lineno}: stage {stage}'s recorded plan names "
-                        f"reference {unknown[0]!r}, which {self.name!r} does not have; run with "
-                        f"--resume-stage={stage} to plan the stage again (or fix that line)"
-                    )
-                chosen = StagePlan(tuple(record.references), record.prior_rating)
-                self.plans[stage] = chosen
-                return chosen
+            chosen = StagePlan(tuple(record.references), record.prior_rating)
+            self.plans[stage] = chosen
+            return chosen
         from pytest_evalreplay.numbers.elo.fit import choose_references
 
         elos = {name: ref.elo for name, ref in self.elo.references.items()}
@@ -287,14 +303,6 @@ class EloRun(Rollouts):
         self.recorder.flush()  # the plan is durable before anything of the stage is judged
         self.plans[stage] = chosen
         return chosen
-
-    def _replayable(self, stage: int, planned_by: str) -> bool:
-        """Whether a recorded plan may stand: this run's own, or an earlier
-        run's that this run resumes (and does not re-plan from this stage)."""
-        if planned_by == self.ctx.run_id:
-            return True
-        s = self.ctx.settings
-        return stage < self.replan_from and (s.resume or s.resume_stage is not None)
 
     def _judge(self, stage: int, plan: StagePlan) -> None:
         """Every rollout of the stage that has a generation, judged against the plan's references."""
@@ -333,7 +341,7 @@ class EloRun(Rollouts):
             record is not None
             and record.complete
             and record.fingerprint == self.fingerprints[stage - 1]
-            and _same_rating(record.rating, fit.rating)
+            and same_rating(record.rating, fit.rating)
         ):
             return  # kept as recorded: the journal says it already
         self.recorder.add(
@@ -367,56 +375,6 @@ class EloRun(Rollouts):
 # -- registration --------------------------------------------------------------------------
 
 
-def _replan_from(
-    ctx: RunContext,
-    eval_: EloEval,
-    log: StageLog,
-    fingerprints: Sequence[str],
-    configs: Sequence[Mapping[str, Any]],
-    judged: Callable[[int], int],
-) -> tuple[int, list[str]]:
-    """The first stage planned afresh, and one line per stage saying what happens to it."""
-    total = len(eval_.stages)
-    name = eval_.name
-    lines: list[str] = []
-    if not ctx.resuming:
-        return 1, lines
-    replan_from = total + 1
-    why: str | None = None
-    if ctx.settings.resume_stage is not None:
-        first = ctx.settings.resume_stage or stage_of_first_incomplete(log, fingerprints)
-        if first > total and not ctx.settings.resume_stage:
-            lines.append(f"{name}: every stage is complete: --resume-stage has nothing to run again")
-        elif first > total:
-            raise EvalReplayError(f"--resume-stage={first}: {name!r} has only {total} stages")
-        check_kept_stages(name, log, fingerprints, configs, first)
-        replan_from, why = first, f"--resume-stage={first}"
-    for stage in range(1, total + 1):
-        record = log.stages.get(stage)
-        if stage >= replan_from:
-            lines.append(f"{name}: stage {stage}/{total} planned afresh ({why})")
-        elif record is None:
-            lines.append(f"{name}: stage {stage}/{total} not started yet")
-        elif record.fingerprint != fingerprints[stage - 1]:
-            why = describe_change(record.config, configs[stage - 1])
-            replan_from = stage
-            lines.append(f"{name}: stage {stage}/{total} planned afresh ({why})")
-            why = f"stage {stage} changed"
-        elif record.complete:
-            rating = f"ELO {_shown(record.rating)}" + (
-                f" +- {record.se:.0f}" if record.se is not None else ""
-            )
-            pairs = f"{judged(stage)} judged pairs"
-            lines.append(f"{name}: stage {stage}/{total} kept from the journal: {rating} ({pairs})")
-        else:
-            refs = ", ".join(record.references)
-            lines.append(
-                f"{name}: stage {stage}/{total} replayed from the journal: {len(record.task_ids)} tasks vs "
-                f"{len(record.references)} references [{refs}]"
-            )
-    return replan_from, lines
-
-
 def _decide(
     ctx: RunContext,
     plan: TaskPlan,
@@ -443,16 +401,6 @@ def _decide(
     return decisions
 
 
-def _same_rating(a: float | None, b: float | None) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
-
-
-def _shown(rating: float | None) -> str:
-    return "none" if rating is None else f"{rating:.1f}"
-
-
 def recorded_seed(directory: Path, name: str, limit: int | None) -> int | None:
     """The seed an earlier run of this eval recorded in the output dir's journal."""
     try:
@@ -472,31 +420,3 @@ def saved_seed(predictions: Path, name: str) -> int | None:
         return None
     seed = (doc.get("elo") or {}).get("seed") if isinstance(doc, dict) else None
     return seed if type(seed) is int else None
-
-
-def stage_of_first_incomplete(log: StageLog, fingerprints: Sequence[str]) -> int:
-    for stage in range(1, len(fingerprints) + 1):
-        record = log.stages.get(stage)
-        if record is None or not record.complete or record.fingerprint != fingerprints[stage - 1]:
-            return stage
-    return len(fingerprints) + 1
-
-
-def check_kept_stages(
-    name: str, log: StageLog, fingerprints: Sequence[str], configs: Sequence[Mapping[str, Any]], upto: int
-) -> None:
-    """--resume-stage=N: stages 1..N-1 must be complete in the journal, with their fingerprints valid."""
-    for stage in range(1, upto):
-        record = log.stages.get(stage)
-        if record is None:
-            why = "it was never planned"
-        elif record.fingerprint != fingerprints[stage - 1]:
-            why = f"its configuration changed ({describe_change(record.config, configs[stage - 1])})"
-        elif not record.complete:
-            why = "it is not complete"
-        else:
-            continue
-        raise EvalReplayError(
-            f"--resume-stage={upto}: {name!r} cannot keep stage {stage}: {why}; "
-            f"use --resume-stage={stage} (or --resume) to run it again"
-        )
