@@ -77,6 +77,22 @@ def test_resume_answers_every_recorded_turn_and_tool_from_the_journal(project):
     assert transcripts(project.path / "run") == before
 
 
+def test_a_run_without_resume_asks_the_model_and_the_tools_for_every_turn_again(project):
+    project.makepyfile(
+        test_sums=AGENT.replace(
+            "    return a + b",
+            "    with open('tools.log', 'a') as log:\n        log.write('add\\n')\n    return a + b",
+        )
+    )
+    every_turn = sorted(f"q{i}|r0|t{t}" for i in range(6) for t in (1, 2))
+    tools = project.path / "tools.log"
+    for _ in range(2):
+        project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+        assert sorted(asked(project)) == every_turn
+        assert tools.read_text().splitlines() == ["add"] * 6
+        tools.unlink()
+
+
 def test_a_crash_after_turn_one_costs_only_the_turns_not_journaled(project):
     project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
     calls(project)
