@@ -77,6 +77,45 @@ def test_resume_answers_every_recorded_turn_and_tool_from_the_journal(project):
     assert transcripts(project.path / "run") == before
 
 
+def test_a_run_without_resume_asks_the_model_and_the_tools_for_every_turn_again(project):
+    project.makepyfile(
+        test_sums=AGENT.replace(
+            "    return a + b",
+            "    with open('tools.log', 'a') as log:\n        log.write('add\\n')\n    return a + b",
+        )
+    )
+    every_turn = sorted(f"q{i}|r0|t{t}" for i in range(6) for t in (1, 2))
+    tools = project.path / "tools.log"
+    for _ in range(2):
+        project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+        assert sorted(asked(project)) == every_turn
+        assert tools.read_text().splitlines() == ["add"] * 6
+        tools.unlink()
+
+
+def test_a_turns_newer_retryable_failure_overrides_its_older_answer_at_a_resume(project):
+    project.makeconftest(
+        CONFTEST.replace(
+            "        for r in requests:\n",
+            "        for r in requests:\n"
+            "            if r.instance_id == 'q0|r0|t1' and (Path(__file__).parent / 'fail-q0').exists():\n"
+            "                out.append(GenerationError('503 from the server', retryable=True))\n"
+            "                continue\n",
+        ).replace("import Generation", "import Generation, GenerationError")
+    )
+    project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+    (project.path / "fail-q0").touch()
+    run = project.runpytest("--evalreplay-output=run", "--evalreplay-max-attempts=1")
+    run.assert_outcomes(passed=5, failed=1)
+    (project.path / "fail-q0").unlink()
+    calls(project)
+    # The first run's answer to q0's turn 1 is older than the second run's
+    # failure of it, which a higher attempt cap tries again: from there q0 is live.
+    run = project.runpytest("--evalreplay-output=run", "--resume", "--evalreplay-max-attempts=3")
+    run.assert_outcomes(passed=6)
+    assert asked(project) == ["q0|r0|t1", "q0|r0|t2"]
+
+
 def test_a_crash_after_turn_one_costs_only_the_turns_not_journaled(project):
     project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
     calls(project)

@@ -17,7 +17,8 @@ from typing import Any, Literal
 from pytest_evalreplay.journal.index import GenRef, JournalIndex
 from pytest_evalreplay.journal.rows import RolloutKey
 from pytest_evalreplay.numbers import passk
-from pytest_evalreplay.numbers.planning import TaskPlan, is_final
+from pytest_evalreplay.numbers.planning import TaskPlan
+from pytest_evalreplay.numbers.sources import is_final
 
 Status = Literal["ok", "failed", "missing"]
 

@@ -13,8 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pytest_evalreplay.journal.index import FailRef, GenRef, JournalIndex
-from pytest_evalreplay.journal.rows import Failure, RolloutKey
+from pytest_evalreplay.journal.rows import RolloutKey
 from pytest_evalreplay.model import RequestKey
+from pytest_evalreplay.numbers import sources
 from pytest_evalreplay.numbers.passk import SampleMetric
 
 NOTE_LIMIT = 5  # per kind of note, per task
@@ -33,15 +34,6 @@ class TaskPlan:
 
     def request_of(self, key: RolloutKey) -> str:
         return self.requests[(key[0], key[1])]
-
-
-def is_final(failure: Failure, max_attempts: int) -> bool:
-    """Whether a recorded failure is not to be tried again under this run's cap:
-    terminal, scoring and judging failures are; a retryable one is once it has
-    used up `max_attempts` attempts (so raising the cap retries it)."""
-    if failure.failure_class == "retryable":
-        return failure.attempt >= max_attempts
-    return True
 
 
 @dataclass
@@ -63,27 +55,36 @@ def decide(
     resume: bool,
     max_attempts: int,
 ) -> Decisions:
-    """Sort the selected keys. Without `resume` (or without a journal) every
-    selected key runs, its earlier attempts forgotten; with it, a key is
-    reused, reported failed (its final failure is newer than any generation),
-    or run, continuing its attempt count."""
+    """Sort the selected keys by where each one's answer comes from
+    (`sources.answer_source`, over the journal as the session found it).
+    Without `resume` (or without a journal) no row counts and every selected
+    key runs, its earlier attempts forgotten; with it, a key is reused,
+    reported failed (its final failure is newer than any generation), or run,
+    continuing its attempt count."""
     out = Decisions()
-    if not resume or index is None:
+    if index is None:
         out.run = list(selected)
         return out
+    # run=None: no row of this run is in the journal yet; a replay's keys run as any
+    # other's (the replay provider answers them from the saved run).
+    mode = sources.Mode(run=None, resume=resume, replay=False, max_attempts=max_attempts)
     for key in selected:
-        gen, fail = index.standing(key, plan.request_of(key), plan.provider)
-        if gen is not None:
-            out.reuse[key] = gen
+        rq = plan.request_of(key)
+        answer = sources.answer_source(
+            mode, index.latest_gen(key, rq, plan.provider), index.latest_fail(key, rq, plan.provider)
+        )
+        fail = answer.fail
+        if answer.source is sources.Source.JOURNAL and answer.gen is not None:
+            out.reuse[key] = answer.gen
             continue
-        if fail is not None and is_final(fail.failure, max_attempts):
+        if answer.source is sources.Source.FAILED and fail is not None:
             out.failed[key] = fail
             continue
         out.run.append(key)
         if fail is not None:
             rk = (key[0], key[1])
             out.prior_attempts[rk] = max(out.prior_attempts.get(rk, 0), fail.failure.attempt)
-        elif key in index.gens:
+        elif resume and key in index.gens:
             if any(ref.provider == plan.provider for ref in index.gens[key]):
                 out.changed_request += 1
             else:

@@ -29,7 +29,7 @@ from pytest_evalreplay.model import (
     digest,
     request_digest,
 )
-from pytest_evalreplay.numbers import planning
+from pytest_evalreplay.numbers import sources
 from pytest_evalreplay.numbers.metrics import ItemOutcome, TaskOutcome
 from pytest_evalreplay.run.context import RunContext
 from pytest_evalreplay.run.generation import stream_into_journal
@@ -313,7 +313,7 @@ class Judging:
         return (
             fail is not None
             and fail.run == self.ctx.run_id
-            and planning.is_final(fail.failure, self.ctx.settings.max_attempts)
+            and sources.is_final(fail.failure, self.ctx.settings.max_attempts)
         )
 
     def _llm_trials(

@@ -33,6 +33,7 @@ from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
 from pytest_evalreplay.model import EvalReplayError, Generation, Request, digest, request_content
 from pytest_evalreplay.numbers.planning import TaskPlan
+from pytest_evalreplay.numbers.sources import Answer, Mode, Source, answer_source
 from pytest_evalreplay.run.context import ProgressSink, ProviderExit, RunContext
 from pytest_evalreplay.run.generation import stream_into_journal
 from pytest_evalreplay.run.turnbatcher import TurnBatcher
@@ -98,10 +99,12 @@ class Episode:
         except TypeError as exc:
             raise EvalReplayError(_not_json(exc, tools)) from None
         answer: Generation | Failure | str | None = None
-        if runner.saved is not None:
-            answer = runner.saved.turn(self.key, number, transcripts.sent(messages, tools, asked))
-        elif not self.live:
-            answer = runner.recorded((stage, request.instance_id, 0), rq, runner.pv)
+        if not self.live:  # from the first call the journal does not answer, the episode is live
+            found, answer = runner.source((stage, request.instance_id, 0), rq, runner.pv)
+            if found.source is Source.FAILED and found.fail is not None:
+                answer = found.fail.failure
+            elif found.source is Source.SAVED and runner.saved is not None:
+                answer = runner.saved.turn(self.key, number, transcripts.sent(messages, tools, asked))
         if answer is None:
             self.live = True
             runner.asked[request.instance_id] = (rq, self._row_content(content))  # for the batch's rows
@@ -153,16 +156,15 @@ class Episode:
         name, arguments = parse_call(call)
         slot = ToolSlot(len(self.tool_results) + 1, dict(call), name, arguments)
         runner = self.runner
-        if runner.saved is not None:
-            found, result, why = runner.saved.tool(self.key, slot.number, slot.call)
-            if not found:
-                raise self.fail(why)
-            slot.found, slot.result = True, result
-        elif not self.live:
-            recorded = runner.recorded(self._tool_key(slot), self._tool_digest(slot), TOOL_PV)
+        if not self.live:  # no failure is journaled for a tool: its answer is recorded, saved or live
+            found, recorded = runner.source(self._tool_key(slot), self._tool_digest(slot), TOOL_PV)
             if recorded is not None:
-                assert isinstance(recorded, Generation)
                 slot.found, slot.result = True, orjson.loads(recorded.text)
+            elif found.source is Source.SAVED and runner.saved is not None:
+                saved, result, why = runner.saved.tool(self.key, slot.number, slot.call)
+                if not saved:
+                    raise self.fail(why)
+                slot.found, slot.result = True, result
         if not slot.found:
             self.live = True
         else:
@@ -251,19 +253,19 @@ class EpisodeRunner:
         if settings.provider == "replay" and settings.predictions is not None:
             self.saved = transcripts.SavedEpisodes.read(settings.predictions, name)
         self.pv = ctx.provider_digest
+        self.mode = Mode(ctx.run_id, ctx.resuming, self.saved is not None, settings.max_attempts)
         self.batcher = TurnBatcher(self._generate)
         self.asked: dict[str, tuple[str, dict[str, Any]]] = {}  # a turn in flight's digest and row content
 
     # -- the journal ---------------------------------------------------------------
 
-    def recorded(self, key: RolloutKey, rq: str, pv: str) -> Generation | None:
-        """A recorded answer to this call: this run's, and under --resume any run's."""
+    def source(self, key: RolloutKey, rq: str, pv: str) -> tuple[Answer, Generation | None]:
+        """Where this call's answer comes from (`sources.answer_source` over the
+        turns journal), and the journal's answer when it is there."""
         with self.lock:
             index = self.turns.index
-            ref = index.latest_gen(key, rq, pv)
-            if ref is None or not (self.ctx.resuming or ref.run == self.ctx.run_id):
-                return None
-            return index.generation(ref)
+            found = answer_source(self.mode, index.latest_gen(key, rq, pv), index.latest_fail(key, rq, pv))
+            return found, None if found.gen is None else index.generation(found.gen)
 
     def record_tool(self, key: RolloutKey, rq: str, slot: ToolSlot, text: str) -> None:
         if self.saved is not None:

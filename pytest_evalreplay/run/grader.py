@@ -20,7 +20,7 @@ from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import RolloutKey
 from pytest_evalreplay.judges import task_text
 from pytest_evalreplay.model import Request, request_digest
-from pytest_evalreplay.numbers import planning
+from pytest_evalreplay.numbers import sources
 from pytest_evalreplay.rubric import Graded, unreadable_reason
 from pytest_evalreplay.run.context import RunContext
 from pytest_evalreplay.run.elojudge import judge_files_name, judge_provider, write_judge_files
@@ -89,7 +89,7 @@ class Grading:
                 if gen is None and not (
                     fail is not None
                     and fail.run == self.ctx.run_id
-                    and planning.is_final(fail.failure, self.ctx.settings.max_attempts)
+                    and sources.is_final(fail.failure, self.ctx.settings.max_attempts)
                 ):
                     todo.append(request)
         if todo:

@@ -22,7 +22,7 @@ from pytest_evalreplay.journal.index import FailRef, GenRef, JournalIndex
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import RolloutKey
 from pytest_evalreplay.model import Generation, Provider, RequestKey
-from pytest_evalreplay.numbers import planning
+from pytest_evalreplay.numbers import planning, sources
 from pytest_evalreplay.numbers.metrics import TaskOutcome
 from pytest_evalreplay.numbers.planning import Decisions, TaskPlan
 from pytest_evalreplay.run.context import RunContext
@@ -104,17 +104,22 @@ class Rollouts(ABC):
 
     # -- what this run made ------------------------------------------------------
 
+    def own(self, key: RolloutKey) -> sources.Answer:
+        """Where `key`'s answer stands among this run's own journal rows (an
+        earlier chunk's, an xdist peer's): what it generated, what failed for
+        good, or nothing yet."""
+        mode = sources.Mode(self.ctx.run_id, False, False, self.ctx.settings.max_attempts)
+        index, rq, pv = self.recorder.index, self.plan.request_of(key), self.plan.provider
+        return sources.answer_source(mode, index.latest_gen(key, rq, pv), index.latest_fail(key, rq, pv))
+
     def own_gen(self, key: RolloutKey) -> GenRef | None:
         """This run's generation of `key` (a run without --resume regenerates what it selected)."""
-        gen = self.recorder.index.latest_gen(key, self.plan.request_of(key), self.plan.provider)
-        return gen if gen is not None and gen.run == self.ctx.run_id else None
+        return self.own(key).gen
 
     def own_failure(self, key: RolloutKey) -> FailRef | None:
         """This run's final failure of `key`, unless a later generation of this run overrides it."""
-        gen, fail = self.recorder.index.standing(key, self.plan.request_of(key), self.plan.provider)
-        if fail is None or fail.run != self.ctx.run_id or gen is not None:
-            return None
-        return fail if planning.is_final(fail.failure, self.ctx.settings.max_attempts) else None
+        answer = self.own(key)
+        return answer.fail if answer.source is sources.Source.FAILED else None
 
     def candidate(self, key: RolloutKey) -> GenRef | None:
         """The generation an item's result stands on: reused, or this run's;
