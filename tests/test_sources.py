@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_evalreplay.journal.index import FailRef, GenRef
-from pytest_evalreplay.model import Failure
+from pytest_evalreplay.journal.rows import Failure
 from pytest_evalreplay.numbers.sources import Mode, Source, answer_source, is_final
 
 NOW, BEFORE = "run-now", "run-before"

@@ -28,7 +28,7 @@ import enum
 from dataclasses import dataclass
 
 from pytest_evalreplay.journal.index import FailRef, GenRef
-from pytest_evalreplay.model import Failure
+from pytest_evalreplay.journal.rows import Failure
 
 
 class Source(enum.Enum):
