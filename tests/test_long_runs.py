@@ -317,7 +317,8 @@ def pytest_evalreplay_make_provider(config, kind):
 def test_vllm_killed_mid_batch_resumes_generating_only_what_was_not_journaled(tmp_path, vllm_options):
     (tmp_path / "conftest.py").write_text(
         "import os, signal\n"
-        "from pytest_evalreplay import journal  # every answer is one append: the kill lands between them\n"
+        # every answer is one append: the kill lands between them
+        "from pytest_evalreplay.journal import rows as journal\n"
         "_append, calls = journal.append_durably, 0\n"
         "def append(path, blob):\n"
         "    global calls\n"
