@@ -6,7 +6,6 @@ real `python -m pytest` process."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 from dataclasses import dataclass
@@ -209,7 +208,8 @@ class Project:
                 cmd, cwd=self.path, env=child_env(KNOBS, **env), capture_output=True, text=True, timeout=300
             )
             return Ran(done.returncode, done.stdout, done.stderr)
-        with pytest.MonkeyPatch.context() as patch, contextlib.chdir(self.path):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(self.path)
             for name in list(os.environ):  # as child_env drops them for a child
                 if name.startswith((*OUTER, *KNOBS)):
                     patch.delenv(name)

@@ -178,4 +178,4 @@ def test_a_session_lock_held_by_another_process_refuses_this_one(tmp_path):
         second.release()
     finally:
         child.kill()
-        child.wait()
+        child.communicate()  # waits, and closes the pipes (an open one is a ResourceWarning under -W error)
