@@ -24,7 +24,9 @@ from subprocess_pytest import PYTEST, child_env
 
 CONFTEST = """
 import os, signal, threading, time, orjson
-from pytest_evalreplay import Generation, GenerationError, journal, rundir
+from pytest_evalreplay import Generation, GenerationError
+from pytest_evalreplay.journal import rows as journal
+from pytest_evalreplay.rundir import writer as rundir
 
 T0 = time.monotonic()
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
