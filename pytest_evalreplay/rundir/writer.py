@@ -322,7 +322,7 @@ def refuse_writing_over_run_dir(
                 f"--evalreplay-{option}={out.parent / target.name}"
             )
     for option, path in reads.items():
-        if path is not None and (path.resolve() == out or out in path.resolve().parents):
+        if path is not None and (out == (target := path.resolve()) or out in target.parents):
             raise EvalReplayError(
                 f"--evalreplay-{option} {path} is inside the output dir {output}: this run overwrites what "
                 "it would compare with. Copy the saved run elsewhere first, or pass "
