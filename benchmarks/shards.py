@@ -4,8 +4,8 @@
    instant provider: scoring is the work), run as one pytest process, then as
    4 shards (`--evalreplay-shard=K/4`, 4 processes at once, each its own output
    dir) followed by the merge, which writes the run dir by running the suite
-   over the merged journal (here with `-- ... --evalreplay-reuse-scores`;
-   without it that run scores every item again). Wall times side by side;
+   over the merged journal (keeping the shards' scores; `merge --rescore`
+   would score every item again). Wall times side by side;
    speed-up = one process / (slowest shard + merge).
    On a machine with C free cores the shards' ceiling is min(4, C).
 2. The merge's journal step at 100,000 rollouts: 4 synthetic shard dirs of
@@ -13,7 +13,7 @@
    merged and written (`merge.merge`, `sharddir`), in-process.
 3. `--merge-only`: the whole merge at 100,000 rollouts, its finishing run
    included, as a merge job runs it (`python -m pytest_evalreplay merge OUT
-   SHARD_DIR...`, the suite's arguments from the shards' markers). The 4
+   SHARD_DIR... -- ARGS`, from the project dir). The 4
    shards and the single-process run it is compared with are real pytest
    runs of one task of 100,000 items with a free scorer (a 20 ms one would
    take 2,000 s per run); the run the goal speaks of is that single process
@@ -74,14 +74,12 @@ def run_shards(project: Path, out: Path) -> float:
     return time.perf_counter() - start
 
 
-def merge(project: Path, out: Path, dirs: list[Path], recorded: bool = False) -> tuple[float, float]:
-    """`python -m pytest_evalreplay merge`, run dir included: with the suite's
-    arguments the shards recorded, or given here (reusing the shards' scores).
-    Its wall time and CPU time (user + system)."""
-    suite = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--evalreplay-provider=instant"]
-    cmd = [sys.executable, "-m", "pytest_evalreplay", "merge", str(out), *map(str, dirs)]
-    if not recorded:
-        cmd += ["--", *suite, "--evalreplay-reuse-scores"]
+def merge(project: Path, out: Path, dirs: list[Path]) -> tuple[float, float]:
+    """`python -m pytest_evalreplay merge`, run dir included, from the project
+    dir with the shards' suite arguments after -- (it keeps the shards'
+    scores). Its wall time and CPU time (user + system)."""
+    suite = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    cmd = [sys.executable, "-m", "pytest_evalreplay", "merge", str(out), *map(str, dirs), "--", *suite]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=project, env=child_env(), capture_output=True, text=True)
@@ -95,7 +93,7 @@ def merge(project: Path, out: Path, dirs: list[Path], recorded: bool = False) ->
 def merge_journals(out: Path, dirs: list[Path]) -> float:
     """The merge's journal step alone: read, merge, write."""
     start = time.perf_counter()
-    merge_into(out, dirs, suite_given=True)
+    merge_into(out, dirs)
     return time.perf_counter() - start
 
 
@@ -132,7 +130,7 @@ def merge_only(tmp: Path, rollouts: int) -> None:
         run_pytest(project, [*eval_args(out), f"--evalreplay-shard={k}/{SHARDS}"])
     step = merge_journals(tmp / "big-step", dirs)
     merged = tmp / "big-merged"
-    whole, whole_cpu = merge(project, merged, dirs, recorded=True)
+    whole, whole_cpu = merge(project, merged, dirs)
     metrics = orjson.loads((merged / "task0-metrics.json").read_bytes())
     if metrics["num_items"] != rollouts or not metrics["complete"]:
         raise SystemExit(f"the merged run dir does not hold every item: {metrics}")

@@ -11,14 +11,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.report.compare import compare_run_dirs
 from pytest_evalreplay.report.compare_render import render_markdown, render_text
 from pytest_evalreplay.storage.files import atomic_write
+
+if TYPE_CHECKING:
+    import pytest
+
+    from pytest_evalreplay.rundir.merge import Merged
 
 PROG = "python -m pytest_evalreplay"
 
@@ -75,15 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
         "merge",
         help="join the output dirs of --evalreplay-shard=K/N runs into one",
         description="Join shard dirs (the --evalreplay-output of each --evalreplay-shard=K/N run) into "
-        "OUT: one journal per task holding every shard's results; then run the suite over OUT as the "
-        "shards ran it (with --evalreplay-no-generate: nothing generated, no provider needed; and "
-        "--evalreplay-reuse-scores: the shards' scores kept) to write the run dir a single process "
-        "writes, complete an EloEval's stage and judge the gates. What a "
-        "missing shard left out stays missing (complete: false): `pytest --resume "
-        "--evalreplay-output=OUT` generates it. Exit status: that pytest run's (2: a refused merge).",
-        epilog="PYTEST_ARGS after -- replace the suite's arguments the shards recorded "
-        "(e.g. merge OUT shards/* -- evals/ -k gsm8k); the run starts in the dir the shards started in "
-        "when it exists here, else here.",
+        "OUT: one journal per task holding every shard's results; then run the suite over OUT, here, "
+        "with the PYTEST_ARGS after -- (with --evalreplay-no-generate: nothing generated, no provider "
+        "needed; and --evalreplay-reuse-scores: the shards' scores kept) to write the run dir a single "
+        "process writes, complete an EloEval's stage and judge the gates. Every shard's marker must "
+        "record the suite this merge runs (its arguments, the dir it was started in relative to the "
+        "rootdir, the configuration file): the merge runs no command from a shard dir. A missing shard "
+        "is refused unless --allow-missing. Exit status: that pytest run's (2: a refused merge).",
+        epilog="PYTEST_ARGS after -- are the suite's arguments, as the shards were run with them less "
+        "their shard, output, resume, xdist, provider, report, baseline and terminal options (e.g. merge "
+        "OUT shards/* -- evals/ -k gsm8k --evalreplay-report=report.md); without --, pytest runs with "
+        "none (the ini's testpaths and addopts). Run it from the dir the shards were started in.",
     )
     merge.add_argument("out", type=Path, metavar="OUT", help="the merged dir (new, or without journals)")
     merge.add_argument("shards", type=Path, nargs="+", metavar="SHARD_DIR", help="the shards' output dirs")
@@ -91,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--rescore",
         action="store_true",
         help="score every rollout again with the current scorers (default: keep the shards' scores)",
+    )
+    merge.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="merge without the shards not given: their rollouts stay missing (complete: false)",
     )
     merge.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="(see below)")
     return parser
@@ -103,9 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cut = argv.index("--")
         argv, rest = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
-    args.pytest_args = rest
     if args.command == "merge":
-        return merge_main(args.out, args.shards, args.pytest_args, rescore=args.rescore)
+        return merge_main(
+            args.out, args.shards, rest or [], rescore=args.rescore, allow_missing=args.allow_missing
+        )
     try:
         cmp = compare_run_dirs(args.base, args.new, args.alpha)
         lines = render_text(cmp, top=args.top)
@@ -123,59 +138,108 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def merge_main(
-    out: Path, shards: Sequence[Path], pytest_args: Sequence[str] | None = None, rescore: bool = False
+    out: Path,
+    shards: Sequence[Path],
+    pytest_args: Sequence[str] = (),
+    rescore: bool = False,
+    allow_missing: bool = False,
 ) -> int:
-    """Merge the shards' journals into OUT, then run the suite over OUT with
-    --evalreplay-no-generate: the run dir written as every run writes it,
-    nothing generated, the gates judged. Exit status: pytest's."""
-    from pytest_evalreplay.rundir.sharddir import merge_into
+    """Merge the shards' journals, then run the suite over OUT, from here,
+    with `pytest_args` and --evalreplay-no-generate: the run dir written as
+    every run writes it, nothing generated, the gates judged. OUT is written
+    only once pytest's configuration is known and every shard's recorded
+    suite is the one this run is (`_MergeRun`). Exit status: pytest's."""
+    from pytest_evalreplay.rundir.sharddir import check_out, read_and_merge
 
     try:
-        merged = merge_into(out, shards, suite_given=pytest_args is not None)
+        merged = read_and_merge(shards)
+        if merged.missing and not allow_missing:
+            raise EvalReplayError(
+                f"shard{'s' if len(merged.missing) > 1 else ''} "
+                f"{', '.join(f'{k}/{merged.of}' for k in merged.missing)} "
+                f"{'are' if len(merged.missing) > 1 else 'is'} missing (given: {', '.join(merged.shards)}): "
+                "pass every shard's dir, or --allow-missing to merge without them (their rollouts stay "
+                f"missing from {out}, complete: false, until `pytest --resume --evalreplay-output={out}` "
+                "with the provider generates them)"
+            )
+        check_out(out)
     except EvalReplayError as exc:
-        print(f"{PROG} merge: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    lines = [*merged.notes, f"merged shards {', '.join(merged.shards)} into {out}: {', '.join(merged.tasks)}"]
-    for k in merged.missing:
+        return _refused(exc)
+    plugin = _MergeRun(out, merged, list(pytest_args), rescore)
+    code = _finish(out.resolve(), list(pytest_args), rescore, plugin)
+    return _refused(plugin.refused) if plugin.refused is not None else code
+
+
+def _refused(exc: EvalReplayError) -> int:
+    print(f"{PROG} merge: error: {' '.join(str(exc).split())}", file=sys.stderr)
+    return 2
+
+
+class _MergeRun:
+    """A plugin of the merge's own pytest run: once pytest's configuration
+    is known (rootdir, ini file) and before anything is collected, check
+    that every shard ran the suite this run is, then write OUT; or refuse,
+    with nothing written or collected. (Registered after pytest's own
+    plugins, it runs before the main loop's pytest_cmdline_main.)"""
+
+    def __init__(self, out: Path, merged: Merged, args: list[str], rescore: bool) -> None:
+        self.out, self.merged, self.args, self.rescore = out, merged, args, rescore
+        self.refused: EvalReplayError | None = None
+
+    def pytest_cmdline_main(self, config: pytest.Config) -> int | None:
+        from pytest_evalreplay.rundir.sharddir import MARKER, suite_identity, suite_refusal, write_merged_dir
+
+        try:
+            here = Path(config.invocation_params.dir)
+            rootdir = Path(config.rootpath)
+            current = suite_identity(self.args, here, rootdir, config.inipath)
+            for label, (shard, recorded) in self.merged.suites.items():
+                why = suite_refusal(Path(label) / MARKER, shard, recorded, current, rootdir)
+                if why is not None:
+                    raise EvalReplayError(why)
+            write_merged_dir(self.out, self.merged)
+        except EvalReplayError as exc:
+            self.refused = exc
+            return 2
+        merged, out = self.merged, self.out
+        lines = [
+            *merged.notes,
+            f"merged shards {', '.join(merged.shards)} into {out}: {', '.join(merged.tasks)}",
+        ]
+        for k in merged.missing:
+            lines.append(
+                f"shard {k}/{merged.of} is missing: its rollouts are missing from {out} (complete: false); "
+                f"run it and merge again, or `pytest --resume --evalreplay-output={out}` with the provider "
+                "generates them"
+            )
+        scores = "scoring every rollout again" if self.rescore else "keeping the shards' scores"
+        shown = shlex.join(["pytest", *self.args])
         lines.append(
-            f"shard {k}/{merged.of} is missing: its rollouts are missing from {out} (complete: false); "
-            f"run it and merge again, or `pytest --resume --evalreplay-output={out}` with the provider "
-            "generates them"
+            f"writing the run dir: {shown} in {here} (every shard ran this suite) over {out}, "
+            f"generating nothing, {scores}"
         )
-    start = Path.cwd()
-    if pytest_args is None:
-        assert merged.suite is not None
-        pytest_args = [str(a) for a in merged.suite.get("args", [])]
-        recorded = Path(str(merged.suite.get("dir", ".")))
-        start = recorded if recorded.is_dir() else start
-    scores = "scoring every rollout again" if rescore else "keeping the shards' scores"
-    lines.append(f"writing the run dir: the suite in {start} over {out}, generating nothing, {scores}")
-    sys.stdout.write("\n".join(lines) + "\n")
-    sys.stdout.flush()
-    return _finish(out.resolve(), list(pytest_args), start, rescore)
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+        return None
 
 
-def _finish(out: Path, args: list[str], start: Path, rescore: bool) -> int:
-    """pytest, in this process, over the merged dir: `--evalreplay-no-generate`
-    writes the run dir from the journals (what missing shards left out stays
-    missing) and judges the gates of complete tasks. The shards' scores are
-    kept (`--evalreplay-reuse-scores`): they are the suite's scorers' own,
-    computed by the shards of one configuration, and scoring every rollout
-    again would cost the merge as much as the run's whole scoring (with a
-    20 ms scorer at 100k rollouts, 2,000 s). `--rescore` scores again (a
-    scorer changed since). The shards' `-n` is left out (scoring is the
-    shards' work); an ini's `addopts = -n ...` still holds."""
+def _finish(out: Path, args: list[str], rescore: bool, plugin: _MergeRun) -> int:
+    """pytest, in this process and this dir, over the merged dir:
+    `--evalreplay-no-generate` writes the run dir from the journals (what
+    missing shards left out stays missing) and judges the gates of complete
+    tasks. The shards' scores are kept (`--evalreplay-reuse-scores`): they
+    are the suite's scorers' own, computed by the shards of one
+    configuration, and scoring every rollout again would cost the merge as
+    much as the run's whole scoring (with a 20 ms scorer at 100k rollouts,
+    2,000 s). `--rescore` scores again (a scorer changed since). The
+    shards' `-n` is not asked for (scoring is the shards' work); an ini's
+    `addopts = -n ...` still holds."""
     import pytest
 
     args = [*args, "--evalreplay-no-generate", f"--evalreplay-output={out}"]
     if not rescore:
         args.append("--evalreplay-reuse-scores")
-    here = Path.cwd()
-    os.chdir(start)
-    try:
-        return int(pytest.main(args))
-    finally:
-        os.chdir(here)
+    return int(pytest.main(args, plugins=[plugin]))
 
 
 if __name__ == "__main__":

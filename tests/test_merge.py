@@ -159,9 +159,18 @@ def test_a_malformed_row_names_the_file_and_line() -> None:
         (["--resume", "-n", "4", "evals/", "--resume-stage=2", "-n3"], ["evals/"]),
         (
             ["--evalreplay-provider=openai", "--numprocesses=auto", "--dist", "load", "-q"],
-            ["--evalreplay-provider=openai", "-q"],
+            [],
+        ),
+        (
+            ["-vv", "-rfE", "--tb", "short", "--basetemp=/t", "--evalreplay-report", "r.md", "-k", "x"],
+            ["-k", "x"],
+        ),
+        (
+            ["--evalreplay-base-url=u", "--evalreplay-reuse-scores", "-p", "no:randomly", "-r", "s", "-x"],
+            ["-p", "no:randomly", "-x"],
         ),
         (["--evalreplay-reset", "--evalreplay-no-generate", "--evalreplay-output=x", "t.py"], ["t.py"]),
+        (["--evalreplay-baseline", "b.json", "--evalreplay-failure-budget=0.1", "t.py"], ["t.py"]),
     ],
 )
 def test_the_suite_args_a_shard_records_leave_out_what_the_merge_sets(

@@ -46,14 +46,15 @@ def run(p: Project, out: Path, *args: str, **env: str) -> int:
 
 
 def merge(p: Project, out: Path, dirs: list[Path]) -> subprocess.CompletedProcess[str]:
-    """The merge command, as a merge job runs it: it runs the suite over OUT
-    with the shards' arguments (from the project dir they started in)."""
+    """The merge command, as a merge job runs it: from the project dir the
+    shards started in, with the shards' suite arguments (none here: Project.run
+    gives only provider, output, shard, resume and terminal options)."""
     cmd = [sys.executable, "-m", "pytest_evalreplay", "merge", str(out), *map(str, dirs)]
     logs = {
         name: str(p.path / f"{name.lower()}.jsonl") for name in ("CALL_LOG", "JUDGE_LOG", "JUDGE_MODEL_LOG")
     }
     env = child_env(("KILL_", "INTERRUPT_", "JUDGE_"), **logs)  # the judge's log, as Project.run sets it
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(cmd, cwd=p.path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 

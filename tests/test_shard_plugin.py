@@ -5,6 +5,7 @@ shard it is, and refuses a dir another shard wrote."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -103,7 +104,12 @@ def test_the_ini_twin(project: pytest.Pytester) -> None:
     assert (Path(project.path) / "out3" / "evalreplay-shard.json").is_file()
 
 
-def merge(p: pytest.Pytester, out: str, *dirs: str) -> tuple[int, str, str]:
+SUITE = ("--", "-p", "no:randomly")  # the shards' suite arguments (provider, output, shard aside)
+
+
+def merge(p: pytest.Pytester, out: str, *dirs: str, suite: tuple[str, ...] = SUITE) -> tuple[int, str, str]:
+    """The merge command in this process, from the project dir (pytester's
+    cwd), with the suite's arguments after -- as a merge job gives them."""
     import contextlib
     import io
 
@@ -111,9 +117,8 @@ def merge(p: pytest.Pytester, out: str, *dirs: str) -> tuple[int, str, str]:
 
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        cut = dirs.index("--") if "--" in dirs else len(dirs)
-        paths = [d if d.startswith("--") else str(p.path / d) for d in dirs[:cut]]
-        code = main(["merge", str(p.path / out), *paths, *dirs[cut:]])
+        paths = [d if d.startswith("--") else str(p.path / d) for d in dirs]
+        code = main(["merge", str(p.path / out), *paths, *suite])
     return code, stdout.getvalue(), stderr.getvalue()
 
 
@@ -163,10 +168,14 @@ def test_the_merge_keeps_the_shards_scores_unless_told_to_rescore(project: pytes
     assert rescored["metrics"]["score"] == 0.0
 
 
-def test_a_missing_shard_is_missing_rollouts(project: pytest.Pytester) -> None:
+def test_a_missing_shard_is_refused_unless_allowed(project: pytest.Pytester) -> None:
     for k in (1, 3):
         assert run(project, f"s{k}", f"--evalreplay-shard={k}/3").ret == 0
     code, out, err = merge(project, "merged", "s1", "s3")
+    assert code == 2 and out == ""
+    assert "shard 2/3 is missing (given: 1/3, 3/3)" in err and "--allow-missing" in err
+    assert not (project.path / "merged").exists()
+    code, out, err = merge(project, "merged", "s1", "s3", "--allow-missing")
     assert code == 0, err
     assert "shard 2/3 is missing" in out
     mine = len(owned(2, 3))
@@ -257,17 +266,123 @@ def test_a_shard_under_xdist_runs_the_same_slice(project: pytest.Pytester) -> No
     assert doc["num_missing"] == 24 - len(mine)
 
 
-def test_shards_that_do_not_say_how_they_ran_need_the_suite_args(project: pytest.Pytester) -> None:
+def edit_marker(p: pytest.Pytester, k: int, edit: Callable[[dict], object]) -> Path:
+    marker = p.path / f"s{k}" / "evalreplay-shard.json"
+    doc = orjson.loads(marker.read_bytes())
+    edit(doc)
+    marker.write_bytes(orjson.dumps(doc))
+    return marker
+
+
+def test_a_marker_without_the_suite_it_ran_is_refused(project: pytest.Pytester) -> None:
     for k in (1, 2):
         assert run(project, f"s{k}", f"--evalreplay-shard={k}/2").ret == 0
-        marker = project.path / f"s{k}" / "evalreplay-shard.json"
-        doc = orjson.loads(marker.read_bytes())
-        assert doc["suite"]["args"][:3] == ["-p", "no:randomly", "--evalreplay-provider=echo"]  # + --basetemp
-        del doc["suite"]
-        marker.write_bytes(orjson.dumps(doc))
+    marker = edit_marker(project, 2, lambda doc: doc.pop("suite"))
     code, _, err = merge(project, "merged", "s1", "s2")
-    assert code == 2 and "do not say how their suite was run" in err and "after --" in err
+    assert code == 2 and f"{marker}: shard 2/2's marker does not record the suite it ran" in err
     assert not (project.path / "merged").exists()
-    code, _, err = merge(project, "merged", "s1", "s2", "--", "-p", "no:randomly")
+
+
+def test_the_merge_runs_the_suite_here_with_the_arguments_after_the_dashes(
+    project: pytest.Pytester,
+) -> None:
+    for k in (1, 2):
+        assert run(project, f"s{k}", f"--evalreplay-shard={k}/2").ret == 0
+        doc = orjson.loads((project.path / f"s{k}" / "evalreplay-shard.json").read_bytes())
+        # What identifies the suite: its arguments less the shard's own, provider, output and terminal ones.
+        assert doc["suite"] == {"args": ["-p", "no:randomly"], "start": ".", "config": None}
+    # Without --: pytest with no arguments, which the shards did not run.
+    code, out, err = merge(project, "merged", "s1", "s2", suite=())
+    marker = project.path / "s1" / "evalreplay-shard.json"
+    assert code == 2 and out == ""
+    assert f"{marker}: shard 1/2 ran the suite with the arguments '-p no:randomly'" in err
+    assert "and this merge runs it with none" in err and "after --" in err
+    assert not (project.path / "merged").exists()
+    # Provider, report and terminal options may differ; the merge says what it runs, and where.
+    code, out, err = merge(
+        project, "merged", "s1", "s2", suite=("--", "-p", "no:randomly", "-q", "--evalreplay-report=r.md")
+    )
     assert code == 0, err
-    assert orjson.loads((project.path / "merged" / "t-metrics.json").read_bytes())["complete"] is True
+    assert f"writing the run dir: pytest -p no:randomly -q --evalreplay-report=r.md in {project.path}" in out
+    assert (project.path / "r.md").is_file()
+
+
+ELSEWHERE_CONFTEST = """
+import pathlib
+pathlib.Path(__file__).with_name("imported").write_text("the merge imported this conftest")
+"""
+
+
+def test_a_hand_edited_marker_is_refused_never_run(
+    project: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The attack of issue 30: a marker edited to run the suite from another
+    folder (its conftest imported) and to write a report outside OUT."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / "conftest.py").write_text(ELSEWHERE_CONFTEST)
+    report = elsewhere / "stolen.md"
+    for k in (1, 2):
+        assert run(project, f"s{k}", f"--evalreplay-shard={k}/2").ret == 0
+
+    def attack(doc: dict) -> None:
+        doc["suite"]["dir"] = str(elsewhere)
+        doc["suite"]["args"].append(f"--evalreplay-report={report}")
+
+    for k in (1, 2):
+        edit_marker(project, k, attack)
+    code, out, err = merge(project, "merged", "s1", "s2", suite=())
+    assert code == 2, out + err
+    assert str(project.path / "s1" / "evalreplay-shard.json") in err
+    assert f"--evalreplay-report={report}" in err and "edited" in err
+    assert not (elsewhere / "imported").exists() and not report.exists()
+    assert not (project.path / "merged").exists()
+    # Given the arguments the marker asks for, the merge still refuses: no shard records them.
+    code, _, err = merge(
+        project, "merged", "s1", "s2", suite=("--", "-p", "no:randomly", f"--evalreplay-report={report}")
+    )
+    assert (
+        code == 2 and "edited" in err and f"{project.path / 's1' / 'evalreplay-shard.json'}: shard 1/2" in err
+    )
+    assert not (elsewhere / "imported").exists() and not report.exists()
+
+
+def test_shards_started_elsewhere_in_the_checkout_are_refused(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project.makeini("[pytest]\n")
+    for k in (1, 2):
+        assert run(project, f"s{k}", f"--evalreplay-shard={k}/2").ret == 0
+    marker = edit_marker(project, 2, lambda doc: doc["suite"].update(start="sub"))
+    code, _, err = merge(project, "merged", "s1", "s2")
+    assert code == 2
+    assert f"{marker}: shard 2/2 was started in 'sub' of its rootdir, and this merge in '.'" in err
+    assert not (project.path / "merged").exists()
+    # Run from a subdir of the rootdir, every shard disagrees.
+    monkeypatch.chdir(project.mkdir("other"))
+    code, _, err = merge(project, "merged", "s1", "s2")
+    assert code == 2 and "shard 1/2 was started in '.' of its rootdir, and this merge in 'other'" in err
+
+
+def test_a_configuration_file_changed_since_the_shards_is_refused(project: pytest.Pytester) -> None:
+    project.makeini("[pytest]\nmarkers = a\n")
+    for k in (1, 2):
+        assert run(project, f"s{k}", f"--evalreplay-shard={k}/2").ret == 0
+        doc = orjson.loads((project.path / f"s{k}" / "evalreplay-shard.json").read_bytes())
+        assert doc["suite"]["config"]["file"] == "tox.ini"
+    project.makeini("[pytest]\nmarkers = b\n")
+    code, _, err = merge(project, "merged", "s1", "s2")
+    marker = project.path / "s1" / "evalreplay-shard.json"
+    assert code == 2
+    assert f"{marker}: shard 1/2 ran with the configuration file tox.ini" in err and "content differs" in err
+    assert not (project.path / "merged").exists()
+    project.makeini("[pytest]\nmarkers = a\n")
+    code, _, err = merge(project, "merged", "s1", "s2")
+    assert code == 0, err
+
+
+def test_shards_that_ran_different_suites_are_refused(project: pytest.Pytester) -> None:
+    assert run(project, "s1", "--evalreplay-shard=1/2").ret == 0
+    assert run(project, "s2", "--evalreplay-shard=2/2", "-k", "q1").ret == 0
+    code, _, err = merge(project, "merged", "s1", "s2")
+    marker = project.path / "s2" / "evalreplay-shard.json"
+    assert code == 2 and f"{marker}: shard 2/2 ran the suite with the arguments '-p no:randomly -k q1'" in err

@@ -201,7 +201,7 @@ class EvalReplayPlugin:
             snapshot=(workerinput or {}).get("evalreplay_snapshot"),
             seed=(workerinput or {}).get("evalreplay_seed"),
             rootdir=Path(config.rootpath),
-            invocation=(config.invocation_params.args, Path(config.invocation_params.dir)),
+            invocation=(config.invocation_params.args, Path(config.invocation_params.dir), config.inipath),
         )
         config.stash[SESSION_KEY] = session
         return session

@@ -37,7 +37,7 @@ class EvalSession:
         snapshot: Mapping[str, int] | None = None,
         seed: int | None = None,
         rootdir: Path | None = None,
-        invocation: tuple[Sequence[str], Path] | None = None,
+        invocation: tuple[Sequence[str], Path, Path | None] | None = None,
     ) -> None:
         self.ctx = RunContext(settings, host, output, progress, worker=worker, snapshot=dict(snapshot or {}))
         if run_id is not None:
@@ -45,7 +45,7 @@ class EvalSession:
         if seed is not None:
             self.ctx.seed = seed
         self.rootdir = rootdir or Path.cwd()
-        self.invocation = invocation  # pytest's arguments and the dir it was started in
+        self.invocation = invocation  # pytest's arguments, the dir it was started in, its ini file
         self.runs: dict[str, Run] = {}
         self.docs: dict[str, TaskDoc] = {}
         self._lock: SessionLock | None = None
@@ -169,7 +169,7 @@ class EvalSession:
             self.runs[obj.name] = run
         shard = self.settings.shard
         if shard is not None and not collect_only:
-            from pytest_evalreplay.rundir.sharddir import claim, suite_args, task_config
+            from pytest_evalreplay.rundir.sharddir import claim, suite_identity, task_config
 
             identity = self.ctx.provider_identity
             configs = {
@@ -178,8 +178,8 @@ class EvalSession:
             }
             suite = None
             if self.invocation is not None:
-                args, start = self.invocation
-                suite = {"args": suite_args([str(a) for a in args]), "dir": str(start)}
+                args, start, inipath = self.invocation
+                suite = suite_identity(args, start, self.rootdir, inipath)
             claim(self.output, shard, configs, suite)
 
     def _batch_size(self) -> int | None:

@@ -14,8 +14,9 @@ are given in, so merging twice writes the same bytes.
 Refused, naming the dirs: a dir given twice, two dirs of one shard, shards
 of different counts or configurations (a task's requests, provider, model
 or stages), and two shards holding different results for one rollout (or
-different plans for one stage). Missing shards are not an error: their
-rollouts are missing from the merged dir, which `pytest --resume` finishes.
+different plans for one stage). Missing shards are reported here (the
+merge command refuses them unless `--allow-missing`): their rollouts are
+missing from the merged dir, which `pytest --resume` finishes.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class Merged:
     missing: list[int]  # shard numbers not given
     tasks: dict[str, Any]  # each task's configuration
     notes: list[str] = field(default_factory=list)
-    suite: Mapping[str, Any] | None = None  # how the first shard ran: the merge runs the suite so
+    # each shard's dir (as given) -> its "K/N" and the suite its marker records:
+    # the merge compares them with the suite it runs, never runs one of them
+    suites: dict[str, tuple[str, Any]] = field(default_factory=dict)
 
 
 def merge(dirs: Sequence[ShardDir]) -> Merged:
@@ -104,7 +107,7 @@ def merge(dirs: Sequence[ShardDir]) -> Merged:
         missing=[k for k in range(1, n + 1) if k not in given],
         tasks=tasks,
         notes=notes,
-        suite=next((d.marker["suite"] for d in ordered if isinstance(d.marker.get("suite"), dict)), None),
+        suites={d.label: (str(d.marker["shard"]), d.marker.get("suite")) for d in ordered},
     )
 
 

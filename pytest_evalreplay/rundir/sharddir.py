@@ -11,6 +11,9 @@ it can seed the shards of the next ELO stage."""
 from __future__ import annotations
 
 import gc
+import hashlib
+import os
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,8 +74,8 @@ def claim(
 ) -> None:
     """Mark the dir as shard `shard`'s, before anything is written to its
     journals; refuse one another shard wrote (a merged dir's copy is fine:
-    it seeds the next ELO stage). `suite` is how the shard was run (its
-    `suite_args` and the dir it was started in): the merge runs it so."""
+    it seeds the next ELO stage). `suite` is the suite's identity
+    (`suite_identity`): the merge refuses to run a suite that differs."""
     known = read_marker(directory)
     if known is not None and "shard" in known and known["shard"] != str(shard):
         raise EvalReplayError(
@@ -86,9 +89,22 @@ def claim(
     atomic_write(directory / MARKER, orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
 
 
-# What the merge's own run sets (or must not inherit from a shard's command line):
-# the flags, and the options followed by a value when not written `--opt=value`.
-_OWN_FLAGS = {"--resume", "--evalreplay-reset", "--evalreplay-no-generate"}
+# What identifies the suite a shard ran is its pytest arguments less those
+# that do not choose or configure the suite: what the merge's own run sets,
+# xdist's workers, the provider's (the merge generates nothing; the shards'
+# providers are compared by their task configurations), the merge's own
+# outputs and gates, and the terminal's. Flags, then options followed by a
+# value when not written `--opt=value` (or, for -n and -r, `-n4`, `-rs`).
+_OWN_FLAGS = {
+    "--resume",
+    "--evalreplay-reset",
+    "--evalreplay-no-generate",
+    "--evalreplay-reuse-scores",
+    "--evalreplay-report-reused",
+    "--evalreplay-update-baseline",
+    "--quiet",
+    "--verbose",
+}
 _OWN_VALUED = {
     "--evalreplay-shard",
     "--evalreplay-output",
@@ -96,13 +112,33 @@ _OWN_VALUED = {
     "--numprocesses",
     "--dist",
     "--maxprocesses",
+    "--evalreplay-provider",
+    "--evalreplay-model",
+    "--evalreplay-base-url",
+    "--evalreplay-engine-arg",
+    "--evalreplay-concurrency",
+    "--evalreplay-timeout",
+    "--evalreplay-batch-size",
+    "--evalreplay-max-attempts",
+    "--evalreplay-report",
+    "--evalreplay-html",
+    "--evalreplay-compare",
+    "--evalreplay-baseline",
+    "--evalreplay-failure-budget",
+    "--evalreplay-progress-interval",
+    "--basetemp",
+    "--tb",
+    "--color",
+    "-r",
 }
+_ATTACHED = ("-n", "-r")  # short options whose value may follow without a space
 
 
 def suite_args(args: Sequence[str]) -> list[str]:
-    """A shard's command-line arguments less what makes it that shard's run
-    (its shard, output dir, resume or reset) and its xdist workers: what the
-    merge passes pytest to run the same suite over the merged dir."""
+    """A run's command-line arguments as they identify its suite: less what
+    makes it that shard's run (its shard, output dir, resume or reset), its
+    xdist workers, its provider, outputs and terminal options. A shard
+    records them; the merge refuses to run a suite whose arguments differ."""
     out: list[str] = []
     skip = False
     for arg in args:
@@ -110,15 +146,102 @@ def suite_args(args: Sequence[str]) -> list[str]:
             skip = False
             continue
         name = arg.partition("=")[0]
-        if name in _OWN_FLAGS:
+        if name in _OWN_FLAGS or (len(arg) > 1 and arg[0] == "-" and set(arg[1:]) <= {"q", "v"}):
             continue
         if name == "--resume-stage" or name in _OWN_VALUED:
             skip = name in _OWN_VALUED and "=" not in arg
             continue
-        if arg.startswith("-n") and not arg.startswith("--"):  # -n4, -nauto
+        if arg.startswith(_ATTACHED) and not arg.startswith("--"):  # -n4, -nauto, -rfE
             continue
         out.append(arg)
     return out
+
+
+def suite_identity(args: Sequence[str], start: Path, rootdir: Path, inipath: Path | None) -> dict[str, Any]:
+    """What a shard records of the suite it ran, and the merge compares with
+    its own: the arguments that choose it, the dir it was started in
+    relative to pytest's rootdir (the same on every checkout), and the
+    configuration file, by its rootdir-relative name and a digest of its bytes."""
+    config = None
+    if inipath is not None:
+        try:
+            data = Path(inipath).read_bytes()
+        except OSError as exc:
+            raise os_error(Path(inipath), exc, "read") from None
+        config = {
+            "file": Path(os.path.relpath(inipath, rootdir)).as_posix(),
+            "digest": hashlib.blake2b(data, digest_size=16).hexdigest(),
+        }
+    return {
+        "args": suite_args([str(a) for a in args]),
+        "start": Path(os.path.relpath(start, rootdir)).as_posix(),
+        "config": config,
+    }
+
+
+def _shown_args(args: Sequence[str]) -> str:
+    return repr(shlex.join(args)) if args else "none"
+
+
+def _shown_config(config: Mapping[str, Any] | None) -> str:
+    return f"the configuration file {config['file']}" if config else "no configuration file"
+
+
+def suite_refusal(
+    marker: Path, shard: str, recorded: Any, current: Mapping[str, Any], rootdir: Path
+) -> str | None:
+    """Why the merge must not run its suite over shard `shard`'s results
+    (None: the shard ran this suite): its marker's recorded identity is
+    missing, edited, or differs from the merge's own."""
+    who = f"{marker}: shard {shard}"
+    config = recorded.get("config") if isinstance(recorded, dict) else None
+    if (
+        not isinstance(recorded, dict)
+        or not isinstance(recorded.get("args"), list)
+        or not all(isinstance(a, str) for a in recorded["args"])
+        or not isinstance(recorded.get("start"), str)
+        or "config" not in recorded
+        or not (config is None or (isinstance(config, dict) and set(config) == {"file", "digest"}))
+    ):
+        return (
+            f"{who}'s marker does not record the suite it ran (written by an older version, or "
+            "edited): run that shard again with this version into a fresh --evalreplay-output"
+        )
+    args = recorded["args"]
+    odd = [a for a in args if a not in suite_args(args)] if suite_args(args) != args else []
+    odd += [f"{key}={recorded[key]!r}" for key in sorted(set(recorded) - {"args", "start", "config"})]
+    if odd:
+        return (
+            f"{who}'s marker records {', '.join(map(repr, odd))}, which no shard records (a shard's "
+            "provider, output, report and terminal options are left out, and so is where it ran): the "
+            "marker was edited, and the merge runs no command from a marker: run that shard again into "
+            "a fresh --evalreplay-output"
+        )
+    if args != current["args"]:
+        return (
+            f"{who} ran the suite with the arguments {_shown_args(args)}, and this merge runs it with "
+            f"{_shown_args(current['args'])}: give the arguments the shards' suite was run with after -- "
+            "(python -m pytest_evalreplay merge OUT SHARD_DIR... -- ARGS; provider, output, report and "
+            "terminal options may differ), or merge only shards of one suite"
+        )
+    if recorded["start"] != current["start"]:
+        return (
+            f"{who} was started in {recorded['start']!r} of its rootdir, and this merge in "
+            f"{current['start']!r} of its rootdir {rootdir}: run the merge from the dir the shards were "
+            "started in"
+        )
+    if config != current["config"]:
+        same = config is not None and current["config"] is not None
+        mine = (
+            f"{current['config']['file']}, whose content differs"
+            if same
+            else _shown_config(current["config"])
+        )
+        return (
+            f"{who} ran with {_shown_config(config)}, and this merge with {mine} (rootdir {rootdir}): "
+            "merge from a checkout of the shards' configuration"
+        )
+    return None
 
 
 def write_merged(directory: Path, shards: list[str], of: int, tasks: Mapping[str, Any]) -> None:
@@ -140,24 +263,30 @@ def read_shard_dir(directory: Path) -> ShardDir:
     return ShardDir(str(directory), marker, journals)
 
 
-def write_merged_dir(out: Path, merged: Merged) -> None:
-    """The merged journals and marker in OUT (a new or journal-free dir)."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise os_error(out, exc, "create") from None
-    held = sorted(p.name for p in out.glob("*-journal.jsonl"))
+def check_out(out: Path) -> None:
+    """Refuse an OUT that already holds journals (before anything is written)."""
+    held = sorted(p.name for p in out.glob("*-journal.jsonl")) if out.is_dir() else []
     if held:
         raise EvalReplayError(
             f"{out} already holds journals ({held[0]}...): merge into a new dir (or delete that one first)"
         )
+
+
+def write_merged_dir(out: Path, merged: Merged) -> None:
+    """The merged journals and marker in OUT (a new or journal-free dir)."""
+    check_out(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(out, exc, "create") from None
     for name, data in merged.journals.items():
         atomic_write(out / name, data)
     write_merged(out, merged.shards, merged.of, merged.tasks)
 
 
-def merge_into(out: Path, shards: Sequence[Path], suite_given: bool) -> Merged:
-    """The merge command's journal step: read the shard dirs, merge, write OUT.
+def read_and_merge(shards: Sequence[Path]) -> Merged:
+    """The merge command's journal step, in memory: read the shard dirs and
+    merge them (nothing written).
 
     The cyclic garbage collector is paused meanwhile: every row is a plain,
     acyclic dict, hundreds of thousands of them alive at once, and each full
@@ -170,15 +299,14 @@ def merge_into(out: Path, shards: Sequence[Path], suite_given: bool) -> Merged:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        merged = merge([read_shard_dir(path) for path in shards])
-        if not suite_given and merged.suite is None:
-            raise EvalReplayError(
-                "the shard dirs do not say how their suite was run (written by an older version): "
-                "give the suite's pytest arguments after --, e.g. python -m pytest_evalreplay merge OUT "
-                "SHARD_DIR... -- evals/"
-            )
-        write_merged_dir(out, merged)
+        return merge([read_shard_dir(path) for path in shards])
     finally:
         if enabled:
             gc.enable()
+
+
+def merge_into(out: Path, shards: Sequence[Path]) -> Merged:
+    """Read, merge and write OUT: the journal step without the suite's run."""
+    merged = read_and_merge(shards)
+    write_merged_dir(out, merged)
     return merged
