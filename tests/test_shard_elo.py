@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 from elo_project import Project
-from subprocess_pytest import child_env
+from subprocess_pytest import PYTEST, child_env
 
 PLAIN = """
 from pytest_evalreplay import EvalTask, Gate
@@ -47,9 +47,10 @@ def run(p: Project, out: Path, *args: str, **env: str) -> int:
 
 def merge(p: Project, out: Path, dirs: list[Path]) -> subprocess.CompletedProcess[str]:
     """The merge command, as a merge job runs it: from the project dir the
-    shards started in, with the shards' suite arguments (none here: Project.run
-    gives only provider, output, shard, resume and terminal options)."""
-    cmd = [sys.executable, "-m", "pytest_evalreplay", "merge", str(out), *map(str, dirs)]
+    shards started in, with the shards' suite arguments after -- (PYTEST's
+    plugins; Project.run adds only provider, output, shard, resume and terminal options)."""
+    suite = PYTEST[PYTEST.index("pytest") + 1 :]
+    cmd = [sys.executable, "-m", "pytest_evalreplay", "merge", str(out), *map(str, dirs), "--", *suite]
     logs = {
         name: str(p.path / f"{name.lower()}.jsonl") for name in ("CALL_LOG", "JUDGE_LOG", "JUDGE_MODEL_LOG")
     }
