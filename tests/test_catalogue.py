@@ -37,6 +37,7 @@ class Echo:
             if r.instance_id == "cancel":
                 raise asyncio.CancelledError("the event loop went away")
             meta = {{"when": object()}} if r.instance_id == "meta" else {{}}
+            meta = {{"logprob": [float("nan")]}} if r.instance_id == "nanmeta" else meta
             text = "\\ud800" if r.instance_id == "surrogate" else "answer " + r.instance_id
             out.append([Generation(text=text, metadata=meta) for _ in r.rollouts])
         return out
@@ -328,6 +329,33 @@ CASES: dict[str, Case] = {
         message="llm.chat: the messages are not JSON (Type is not JSON serializable: object); "
         "they are saved with the run",
     ),
+    "a tool result of NaN": Case(
+        ret=F,
+        fields={
+            "prompt": "None",
+            "agent": "lambda i, llm: str(llm.tool({'id': 'c', 'type': 'function', 'function': "
+            "{'name': 'f', 'arguments': '{}'}}, lambda: float('nan')))",
+        },
+        message="episode 'a' rollout 0: tool 'f' returned float, not JSON (nan; JSON has no NaN or "
+        "infinity (it would be saved as null)); return JSON values (its result is saved with the run)",
+    ),
+    "an agent task's instance holding inf": Case(
+        ret=C,
+        fields={
+            "prompt": "None",
+            "agent": "lambda i, llm: ''",
+            "instances": '[{"id": "a", "x": float("inf")}]',
+        },
+        message="task 't', instance 'a': an agent task's instance is saved as its request, and it is not "
+        "JSON (inf at ['x']; JSON has no NaN or infinity (it would be saved as null)); "
+        "give the instance JSON values",
+    ),
+    "a prompt callable's message holding NaN": Case(
+        ret=C,
+        fields={"prompt": "lambda i: [{'role': 'user', 'content': 'x', 'w': float('nan')}]"},
+        message="the prompt callable returned chat messages, and message 0 ("
+        "{'role': 'user', 'content': 'x', 'w': nan}) is not JSON (nan at ['w']; JSON has no NaN",
+    ),
     "an agent task with a system prompt": Case(
         ret=C,
         fields={"prompt": "None", "agent": "lambda i, llm: ''", "system_prompt": "'be brief'"},
@@ -476,6 +504,12 @@ CASES: dict[str, Case] = {
         fields={"instances": '[{"id": "meta", "q": "x"}]'},
         ret=F,
         message="provider returned a bad Generation for rollout 0: cannot be saved as JSON",
+    ),
+    "metadata holding NaN": Case(
+        fields={"instances": '[{"id": "nanmeta", "q": "x"}]'},
+        ret=F,
+        message="provider returned a bad Generation for rollout 0: cannot be saved as JSON (nan at "
+        "['metadata']['logprob'][0]; JSON has no NaN or infinity (it would be saved as null))",
     ),
     "lone surrogate in the text": Case(
         fields={"instances": '[{"id": "surrogate", "q": "x"}]'},
