@@ -1,4 +1,4 @@
-"""A task's prompt: the task's name and sampling checked, and an instance's
+"""A task's prompt: the task's name, sample count and sampling checked, and an instance's
 prompt rendered (a template filled, or a prompt callable's answer checked),
 each bad value an error naming the task, the instance and the field."""
 
@@ -13,6 +13,10 @@ import orjson
 from pytest_evalreplay.model import TASK_NAME, Context, EvalReplayError, Instance, non_finite, to_json
 
 MAX_TASK_NAME = 100  # "<name>-predictions.jsonl" and its temporary files must fit a file name
+# Each rollout is a pytest item: 10**9 of them was a session that planned for
+# minutes and ran out of memory before its first item. pass@k papers sample
+# up to a few hundred per problem; this leaves room for far more.
+MAX_NUM_SAMPLES = 10_000
 
 
 def validate_task_name(name: Any) -> str:
@@ -28,6 +32,18 @@ def validate_task_name(name: Any) -> str:
             "(the name becomes a file name in the run dir)"
         )
     return name
+
+
+def validate_num_samples(num_samples: Any, name: str) -> int:
+    """A positive integer, at most `MAX_NUM_SAMPLES` (each rollout is an item)."""
+    if type(num_samples) is not int or num_samples < 1:
+        raise EvalReplayError(f"task {name!r}: num_samples must be a positive integer, got {num_samples!r}")
+    if num_samples > MAX_NUM_SAMPLES:
+        raise EvalReplayError(
+            f"task {name!r}: num_samples={num_samples} is over the limit of {MAX_NUM_SAMPLES} rollouts per "
+            f"instance (each rollout is a pytest item); ask for at most {MAX_NUM_SAMPLES}"
+        )
+    return num_samples
 
 
 def validate_sampling(sampling: Any, where: str) -> dict[str, Any]:

@@ -255,6 +255,12 @@ CASES: dict[str, Case] = {
         fields={"gate": 'Gate("contains", min=float("nan"))'},
         message="Gate(min=nan) must be a finite number",
     ),
+    "a gate with no bound": Case(
+        ret=C,
+        fields={"gate": 'Gate("contains")'},
+        message="Gate('contains') has no bound: give min=... (fail below it), max_drop=... (fail on a "
+        "significant drop from the baseline) or both; to gate on failed items alone",
+    ),
     "sampling a string": Case(
         ret=C, fields={"sampling": '"hot"'}, message="task 't': sampling must be a dict"
     ),
@@ -271,6 +277,19 @@ CASES: dict[str, Case] = {
     ),
     "num_samples True": Case(
         ret=C, fields={"num_samples": "True"}, message="num_samples must be a positive integer, got True"
+    ),
+    "num_samples over the limit": Case(
+        ret=C,
+        fields={"num_samples": "10**9"},
+        message="task 't': num_samples=1000000000 is over the limit of 10000 rollouts per instance "
+        "(each rollout is a pytest item); ask for at most 10000",
+    ),
+    "an instances line with a key twice": Case(
+        ret=C,
+        fields={"instances": '"i.jsonl"'},
+        prepare="dup-key-instances",
+        message="i.jsonl:1: key 'q' appears twice in one object (only the last would be read, the first "
+        "dropped without a word); keep one of them",
     ),
     "task name of 240 characters": Case(
         ret=C, fields={"name": '"t" * 240'}, message="is 240 characters; use at most 100"
@@ -667,6 +686,8 @@ def prepare(pytester: pytest.Pytester, case: Case) -> None:
     what = case.prepare
     if what == "empty-instances":
         (pytester.path / "empty.jsonl").write_text("")
+    elif what == "dup-key-instances":
+        (pytester.path / "i.jsonl").write_text('{"id": "a", "q": "x", "q": "y"}\n')
     elif what in ("run", "saved-run"):
         pytester.runpytest(f"--evalreplay-output={'run' if what == 'run' else 'saved'}")
     elif what.startswith("journal"):
