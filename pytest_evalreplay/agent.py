@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from pytest_evalreplay.model import EvalReplayError, Generation
+from pytest_evalreplay.model import EvalReplayError, Generation, to_json
 
 
 class TurnFailed(Exception):
@@ -197,5 +197,5 @@ class AsyncLLM:
 
 def tool_message(call: Mapping[str, Any], result: Any) -> dict[str, Any]:
     """The `tool` message answering a call with its result (text as is, anything else as JSON)."""
-    content = result if isinstance(result, str) else orjson.dumps(result).decode()
+    content = result if isinstance(result, str) else to_json(result).decode()
     return {"role": "tool", "tool_call_id": call.get("id"), "content": content}

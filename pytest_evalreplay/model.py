@@ -38,9 +38,43 @@ class EvalReplayError(Exception):
     """
 
 
+def to_json(value: Any, option: int = 0) -> bytes:
+    """`value` as the JSON the plugin saves: orjson's bytes, except that NaN
+    and infinities, which orjson writes as null, raise TypeError (as anything
+    else JSON cannot hold does) naming where in the value they are. A value
+    saved as null would read back as None at a resume or a replay while the
+    live run had NaN: the one check of every value saved (tool results,
+    metadata, instances, messages) is this."""
+    data = orjson.dumps(value, option=option)
+    if b"null" in data:  # NaN and infinities come out as null: look only then
+        where = non_finite(value, "")
+        if where is not None:
+            raise TypeError(f"{where}; JSON has no NaN or infinity (it would be saved as null)")
+    return data
+
+
+def non_finite(value: Any, path: str = "") -> str | None:
+    """The first NaN or infinity in `value` (lists, tuples and mappings
+    walked), with its path below `path` (`inf at ['a'][1]`), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} at {path}" if path else repr(value)
+    if isinstance(value, Mapping):
+        items: Iterator[tuple[Any, Any]] = iter(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = non_finite(item, f"{path}[{key!r}]")
+        if found is not None:
+            return found
+    return None
+
+
 def digest(value: Any) -> str:
-    """A content digest: blake2b-128 over canonical (sorted-key) orjson bytes."""
-    return hashlib.blake2b(orjson.dumps(value, option=_SORTED), digest_size=16).hexdigest()
+    """A content digest: blake2b-128 over canonical (sorted-key) JSON bytes
+    (`to_json`: a NaN is no null, so it neither collides with one nor is saved)."""
+    return hashlib.blake2b(to_json(value, _SORTED), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -172,8 +206,8 @@ class Generation:
         if (pairs := loglikelihoods_problem(self.loglikelihoods)) is not None:
             return f"'loglikelihoods' {pairs}"
         try:
-            orjson.dumps(self.to_row())
-        except TypeError as exc:  # orjson.JSONEncodeError: surrogates, non-JSON metadata
+            to_json(self.to_row())
+        except TypeError as exc:  # surrogates, non-JSON metadata, NaN
             return f"cannot be saved as JSON ({exc})"
         return None
 

@@ -1,19 +1,22 @@
-"""A task's prompt: the task's name and sampling checked, and an instance's
+"""A task's prompt: the task's name, sample count and sampling checked, and an instance's
 prompt rendered (a template filled, or a prompt callable's answer checked),
 each bad value an error naming the task, the instance and the field."""
 
 from __future__ import annotations
 
-import math
 import string
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 
-from pytest_evalreplay.model import TASK_NAME, Context, EvalReplayError, Instance
+from pytest_evalreplay.model import TASK_NAME, Context, EvalReplayError, Instance, non_finite, to_json
 
 MAX_TASK_NAME = 100  # "<name>-predictions.jsonl" and its temporary files must fit a file name
+# Each rollout is a pytest item: 10**9 of them was a session that planned for
+# minutes and ran out of memory before its first item. pass@k papers sample
+# up to a few hundred per problem; this leaves room for far more.
+MAX_NUM_SAMPLES = 10_000
 
 
 def validate_task_name(name: Any) -> str:
@@ -31,6 +34,18 @@ def validate_task_name(name: Any) -> str:
     return name
 
 
+def validate_num_samples(num_samples: Any, name: str) -> int:
+    """A positive integer, at most `MAX_NUM_SAMPLES` (each rollout is an item)."""
+    if type(num_samples) is not int or num_samples < 1:
+        raise EvalReplayError(f"task {name!r}: num_samples must be a positive integer, got {num_samples!r}")
+    if num_samples > MAX_NUM_SAMPLES:
+        raise EvalReplayError(
+            f"task {name!r}: num_samples={num_samples} is over the limit of {MAX_NUM_SAMPLES} rollouts per "
+            f"instance (each rollout is a pytest item); ask for at most {MAX_NUM_SAMPLES}"
+        )
+    return num_samples
+
+
 def validate_sampling(sampling: Any, where: str) -> dict[str, Any]:
     """Sampling is a dict of JSON values (it is saved and compared as JSON),
     with finite numbers: a typo like `sampling="hot"` fails when the task is built."""
@@ -46,25 +61,12 @@ def validate_sampling(sampling: Any, where: str) -> dict[str, Any]:
         if not isinstance(key, str):
             raise EvalReplayError(f"{where}: sampling keys must be strings, got {key!r}")
         try:
-            orjson.dumps(value)
+            to_json(value)
         except TypeError:
-            raise EvalReplayError(
-                f"{where}: sampling[{key!r}] = {value!r:.60} is not a JSON value (it is saved with the run)"
-            ) from None
-        if _has_non_finite(value):
-            raise EvalReplayError(f"{where}: sampling[{key!r}] = {value!r:.60} is not a finite number")
+            what = "a finite number" if non_finite(value) else "a JSON value (it is saved with the run)"
+            raise EvalReplayError(f"{where}: sampling[{key!r}] = {value!r:.60} is not {what}") from None
         out[key] = value
     return out
-
-
-def _has_non_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, (list, tuple)):
-        return any(_has_non_finite(v) for v in value)
-    if isinstance(value, Mapping):
-        return any(_has_non_finite(v) for v in value.values())
-    return False
 
 
 class _CheckedFormatter(string.Formatter):
@@ -111,7 +113,7 @@ def render_prompt(
     if prompt is None:
         # An agent task: its episodes start from the instance itself.
         try:
-            return orjson.dumps(instance, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
+            return to_json(instance, orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
         except TypeError as exc:
             raise EvalReplayError(
                 f"{where}: an agent task's instance is saved as its request, and it is not JSON "
@@ -130,8 +132,8 @@ def render_prompt(
     ):
         for n, message in enumerate(context):
             try:
-                orjson.dumps(message)
-            except TypeError as exc:  # a set, an object: the request is saved and digested as JSON
+                to_json(message)
+            except TypeError as exc:  # a set, an object, NaN: the request is saved and digested as JSON
                 raise EvalReplayError(
                     f"{where}: the prompt callable returned chat messages, and message {n} "
                     f"({message!r:.80}) is not JSON ({exc}); give each message JSON values, "

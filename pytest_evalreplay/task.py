@@ -24,7 +24,12 @@ from pytest_evalreplay.model import (
     request_digest,
 )
 from pytest_evalreplay.numbers import passk
-from pytest_evalreplay.prompting import render_prompt, validate_sampling, validate_task_name
+from pytest_evalreplay.prompting import (
+    render_prompt,
+    validate_num_samples,
+    validate_sampling,
+    validate_task_name,
+)
 from pytest_evalreplay.rubric import Graded, outside_session
 from pytest_evalreplay.scorers import (
     BUILTIN_TYPES,
@@ -66,6 +71,12 @@ class Gate:
             )
         if self.max_drop is not None and self.max_drop < 0:
             raise EvalReplayError(f"Gate(max_drop={self.max_drop!r}) must be >= 0")
+        if self.min is None and self.max_drop is None:
+            raise EvalReplayError(
+                f"Gate({self.metric!r}) has no bound: give min=... (fail below it), max_drop=... "
+                "(fail on a significant drop from the baseline) or both; to gate on failed items "
+                "alone, give a min no score is below, e.g. min=0 for scores in [0, 1]"
+            )
 
 
 Scorer = Callable[[str, Instance], "float | bool | Mapping[str, float]"]
@@ -173,11 +184,7 @@ class EvalTask:
                 "return chat messages from a prompt callable"
             )
         self.system_prompt = system_prompt
-        if type(num_samples) is not int or num_samples < 1:
-            raise EvalReplayError(
-                f"task {name!r}: num_samples must be a positive integer, got {num_samples!r}"
-            )
-        self.num_samples = num_samples
+        self.num_samples = validate_num_samples(num_samples, name)
         self.sampling = validate_sampling(sampling, f"task {name!r}")
         if not isinstance(strip_reasoning, bool):
             raise EvalReplayError(

@@ -448,3 +448,22 @@ def test_the_overhead_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     assert "20 episodes x 3 turns = 60 model turns" in out
     assert "per turn :" in out and "floor    : each turn digested" in out and "goal     :" in out
+
+
+def test_a_malformed_turns_journal_line_is_a_usage_error_before_any_item(project):
+    """Issue #30 case 14: it failed every item, each with the message, and the
+    summary said the run dir was not written; a task journal's is refused up front."""
+    project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+    path = project.path / "run" / "sums-turns-journal.jsonl"
+    rows = path.read_bytes().splitlines()
+    rows[3] = rows[3][:-5]
+    path.write_bytes(b"\n".join(rows) + b"\n")
+    calls(project)
+    for args in (["--resume"], []):
+        result = project.runpytest("--evalreplay-output=run", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(
+            ["*sums-turns-journal.jsonl:4: malformed journal line*--evalreplay-reset*"]
+        )
+        assert calls(project) == []
+    project.runpytest("--evalreplay-output=run", "--evalreplay-reset").assert_outcomes(passed=6)

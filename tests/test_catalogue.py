@@ -37,6 +37,7 @@ class Echo:
             if r.instance_id == "cancel":
                 raise asyncio.CancelledError("the event loop went away")
             meta = {{"when": object()}} if r.instance_id == "meta" else {{}}
+            meta = {{"logprob": [float("nan")]}} if r.instance_id == "nanmeta" else meta
             text = "\\ud800" if r.instance_id == "surrogate" else "answer " + r.instance_id
             out.append([Generation(text=text, metadata=meta) for _ in r.rollouts])
         return out
@@ -254,6 +255,12 @@ CASES: dict[str, Case] = {
         fields={"gate": 'Gate("contains", min=float("nan"))'},
         message="Gate(min=nan) must be a finite number",
     ),
+    "a gate with no bound": Case(
+        ret=C,
+        fields={"gate": 'Gate("contains")'},
+        message="Gate('contains') has no bound: give min=... (fail below it), max_drop=... (fail on a "
+        "significant drop from the baseline) or both; to gate on failed items alone",
+    ),
     "sampling a string": Case(
         ret=C, fields={"sampling": '"hot"'}, message="task 't': sampling must be a dict"
     ),
@@ -270,6 +277,19 @@ CASES: dict[str, Case] = {
     ),
     "num_samples True": Case(
         ret=C, fields={"num_samples": "True"}, message="num_samples must be a positive integer, got True"
+    ),
+    "num_samples over the limit": Case(
+        ret=C,
+        fields={"num_samples": "10**9"},
+        message="task 't': num_samples=1000000000 is over the limit of 10000 rollouts per instance "
+        "(each rollout is a pytest item); ask for at most 10000",
+    ),
+    "an instances line with a key twice": Case(
+        ret=C,
+        fields={"instances": '"i.jsonl"'},
+        prepare="dup-key-instances",
+        message="i.jsonl:1: key 'q' appears twice in one object (only the last would be read, the first "
+        "dropped without a word); keep one of them",
     ),
     "task name of 240 characters": Case(
         ret=C, fields={"name": '"t" * 240'}, message="is 240 characters; use at most 100"
@@ -327,6 +347,33 @@ CASES: dict[str, Case] = {
         },
         message="llm.chat: the messages are not JSON (Type is not JSON serializable: object); "
         "they are saved with the run",
+    ),
+    "a tool result of NaN": Case(
+        ret=F,
+        fields={
+            "prompt": "None",
+            "agent": "lambda i, llm: str(llm.tool({'id': 'c', 'type': 'function', 'function': "
+            "{'name': 'f', 'arguments': '{}'}}, lambda: float('nan')))",
+        },
+        message="episode 'a' rollout 0: tool 'f' returned float, not JSON (nan; JSON has no NaN or "
+        "infinity (it would be saved as null)); return JSON values (its result is saved with the run)",
+    ),
+    "an agent task's instance holding inf": Case(
+        ret=C,
+        fields={
+            "prompt": "None",
+            "agent": "lambda i, llm: ''",
+            "instances": '[{"id": "a", "x": float("inf")}]',
+        },
+        message="task 't', instance 'a': an agent task's instance is saved as its request, and it is not "
+        "JSON (inf at ['x']; JSON has no NaN or infinity (it would be saved as null)); "
+        "give the instance JSON values",
+    ),
+    "a prompt callable's message holding NaN": Case(
+        ret=C,
+        fields={"prompt": "lambda i: [{'role': 'user', 'content': 'x', 'w': float('nan')}]"},
+        message="the prompt callable returned chat messages, and message 0 ("
+        "{'role': 'user', 'content': 'x', 'w': nan}) is not JSON (nan at ['w']; JSON has no NaN",
     ),
     "an agent task with a system prompt": Case(
         ret=C,
@@ -476,6 +523,12 @@ CASES: dict[str, Case] = {
         fields={"instances": '[{"id": "meta", "q": "x"}]'},
         ret=F,
         message="provider returned a bad Generation for rollout 0: cannot be saved as JSON",
+    ),
+    "metadata holding NaN": Case(
+        fields={"instances": '[{"id": "nanmeta", "q": "x"}]'},
+        ret=F,
+        message="provider returned a bad Generation for rollout 0: cannot be saved as JSON (nan at "
+        "['metadata']['logprob'][0]; JSON has no NaN or infinity (it would be saved as null))",
     ),
     "lone surrogate in the text": Case(
         fields={"instances": '[{"id": "surrogate", "q": "x"}]'},
@@ -633,6 +686,8 @@ def prepare(pytester: pytest.Pytester, case: Case) -> None:
     what = case.prepare
     if what == "empty-instances":
         (pytester.path / "empty.jsonl").write_text("")
+    elif what == "dup-key-instances":
+        (pytester.path / "i.jsonl").write_text('{"id": "a", "q": "x", "q": "y"}\n')
     elif what in ("run", "saved-run"):
         pytester.runpytest(f"--evalreplay-output={'run' if what == 'run' else 'saved'}")
     elif what.startswith("journal"):

@@ -28,15 +28,15 @@ def test_min_threshold():
 
 
 def test_missing_metric_fails_naming_what_exists():
-    outcome = evaluate("t", Gate("acc"), {"f1": 0.5}, {}, 2, 0, 0.0, None)
+    outcome = evaluate("t", Gate("acc", min=0.0), {"f1": 0.5}, {}, 2, 0, 0.0, None)
     assert "produced no 'acc' metric (it has: ['f1'])" in outcome.reasons[0]
 
 
 def test_failure_budget():
     scores = {f"i{n}": 1.0 for n in range(9)}
-    assert not judge(Gate("acc"), scores, failed=1).passed
-    assert judge(Gate("acc"), scores, failed=1, budget=0.1).passed
-    assert not judge(Gate("acc"), scores, failed=2, budget=0.1).passed
+    assert not judge(Gate("acc", min=0.0), scores, failed=1).passed
+    assert judge(Gate("acc", min=0.0), scores, failed=1, budget=0.1).passed
+    assert not judge(Gate("acc", min=0.0), scores, failed=2, budget=0.1).passed
 
 
 def test_paired_drop_detects_a_real_regression():
@@ -199,3 +199,10 @@ def test_an_elo_drop_from_elsewhere_is_judged_and_printed_the_same_way():
         "e", gate, {"elo": 1190.0}, {}, 20, 0, 0.0, baseline, paired=PairedDrop(0, math.nan, 1.0)
     )
     assert nothing.reasons == ("no task was scored by both this run and the baseline",)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"alpha": 0.1}, {"min": None, "max_drop": None}])
+def test_a_gate_with_no_bound_is_refused(kwargs) -> None:
+    """Issue #30 case 14: Gate("acc") passed whatever the score."""
+    with pytest.raises(EvalReplayError, match=r"Gate\('acc'\) has no bound: give min=\.\.\."):
+        Gate("acc", **kwargs)

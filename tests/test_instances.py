@@ -167,3 +167,33 @@ def test_lm_eval_instances_of_a_file_without_generations_is_an_error(tmp_path: P
     write(path, lines({"doc_id": 0, "resps": [["x"]]}))
     with pytest.raises(EvalReplayError, match=r":1: an lm-eval samples row needs 'arguments'"):
         lm_eval.instances(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        (b'{"id": "a", "q": "x", "q": "y"}', "'q'"),
+        (b'{"id": "a", "meta": {"k": 1, "k": 2}}', "'k'"),
+        (b'{"id": "a", "id": "b"}', "'id'"),
+        (b'{"id": "a", "rows": [{"x": 1}, {"x": 2, "y": 3, "x": 4}]}', "'x'"),
+    ],
+)
+def test_a_duplicate_key_in_an_instances_line_is_refused_naming_file_line_and_key(
+    tmp_path: Path, line: bytes, key: str
+) -> None:
+    """Issue #30 case 14: JSON readers keep the last of two equal keys, so the
+    first value was dropped without a word."""
+    path = tmp_path / "i.jsonl"
+    path.write_bytes(b'{"id": "z"}\n' + line + b"\n")
+    with pytest.raises(EvalReplayError) as info:
+        load_instances(path, tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:2: key {key} appears twice in one object")
+    assert "keep one of them" in message
+
+
+def test_colons_inside_strings_are_no_duplicate_keys(tmp_path: Path) -> None:
+    path = tmp_path / "i.jsonl"
+    row = {"id": "a", "q": "at 10:30, see http://x:8", "m": {"k": "a:b", "j": [{"t": ":"}]}}
+    path.write_bytes(orjson.dumps(row) + b"\n")
+    assert load_instances(path, tmp_path) == [row]

@@ -139,9 +139,9 @@ def test_a_limit_style_replay_is_judged_by_the_failure_budget(pytester: pytest.P
     # The saved run answered 3 of the task's 4 instances (an --limit 3 run): the
     # fourth fails and counts against the budget; it never lowers the score.
     pytester.makepyfile(
-        test_evals=EVALS.replace('target="answer",', 'target="answer", gate=Gate("exact_match"),').replace(
-            "import EvalTask", "import EvalTask, Gate"
-        )
+        test_evals=EVALS.replace(
+            'target="answer",', 'target="answer", gate=Gate("exact_match", min=0),'
+        ).replace("import EvalTask", "import EvalTask, Gate")
     )
     write_saved_run(pytester.path / "saved", {"a": "2", "b": "4", "c": "6"})
     args = ["--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"]
@@ -149,13 +149,13 @@ def test_a_limit_style_replay_is_judged_by_the_failure_budget(pytester: pytest.P
     result.assert_outcomes(passed=3, failed=2)
     result.stdout.fnmatch_lines(
         [
-            "*gate qa: FAIL exact_match=1.0000; 1/4 items failed (budget 0)*",
+            "*gate qa: FAIL exact_match=1.0000; min 0; 1/4 items failed (budget 0)*",
             "*1 of 4 items failed (25.0%), over the failure budget 0.0%*",
         ]
     )
     result = pytester.runpytest(*args, "--evalreplay-failure-budget=0.25")
     result.assert_outcomes(passed=4, failed=1)
-    result.stdout.fnmatch_lines(["*gate qa: PASS exact_match=1.0000; 1/4 items failed (budget 0.25)*"])
+    result.stdout.fnmatch_lines(["*gate qa: PASS exact_match=1.0000; min 0; 1/4 items failed (budget 0.25)*"])
 
 
 DOCS_EXAMPLE = """

@@ -199,3 +199,13 @@ def test_a_scorer_whose_scores_cannot_be_kept_fails_that_rollout(scorer, message
     (rollout,) = result.rollouts
     assert rollout.failure_class == "scoring"
     assert re.search(message, rollout.error), rollout.error
+
+
+def test_num_samples_over_the_limit_is_refused_naming_the_limit() -> None:
+    """Issue #30 case 14: num_samples=10**9 built a billion items before anything ran."""
+    from pytest_evalreplay.prompting import MAX_NUM_SAMPLES
+
+    assert MAX_NUM_SAMPLES == 10_000
+    EvalTask("t", [{"id": "a"}], prompt="Q", scorer="exact_match", num_samples=MAX_NUM_SAMPLES)
+    with pytest.raises(EvalReplayError, match=r"task 't': num_samples=1000000000 is over the limit of 10000"):
+        EvalTask("t", [{"id": "a"}], prompt="Q", scorer="exact_match", num_samples=10**9)

@@ -9,6 +9,7 @@ silently runs nothing.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -41,9 +42,11 @@ def load_instances(
                 "EvalTask(instances=...) must name a .jsonl file"
             )
         data = read_bytes(path)
-        rows: list[tuple[str, Any]] = [
-            (f"{path}:{lineno}", row) for lineno, _, row in jsonl_lines(path, data)
-        ]
+        rows: list[tuple[str, Any]] = []
+        for lineno, line, row in jsonl_lines(path, data):
+            where = f"{path}:{lineno}"
+            _refuse_duplicate_keys(line, row, where)
+            rows.append((where, row))
         if not rows:
             what = "empty" if not data.strip() else "only blank lines"
             raise EvalReplayError(
@@ -72,6 +75,47 @@ def load_instances(
         seen[iid] = where
         instances.append({**row, "id": iid})
     return instances
+
+
+def _refuse_duplicate_keys(line: bytes, row: Any, where: str) -> None:
+    """A JSON reader keeps the last of two equal keys in one object, so the
+    first value would be dropped without a word: refuse the line, naming the
+    key. Every key is followed by a colon, so a line with no more colons than
+    the row has keys has no duplicate (the common case, checked without a
+    second parse); only a line with colons to spare is parsed again, slowly."""
+    if line.count(b":") == _key_count(row):
+        return
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:
+                raise EvalReplayError(
+                    f"{where}: key {show(key)} appears twice in one object (only the last would be "
+                    "read, the first dropped without a word); keep one of them"
+                )
+            seen.add(key)
+        return dict(items)
+
+    try:
+        json.loads(line, object_pairs_hook=pairs)
+    except RecursionError:  # orjson reads 1024 levels, the json module fewer
+        raise EvalReplayError(
+            f"{where}: nested too deeply to check for duplicate keys; flatten that line"
+        ) from None
+
+
+def _key_count(value: Any) -> int:
+    """The keys of every object in a row (iterative: rows nest up to 1024 levels)."""
+    count, todo = 0, [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            count += len(item)
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return count
 
 
 def _instance_id(iid: Any, where: str) -> str:

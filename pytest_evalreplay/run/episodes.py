@@ -31,7 +31,7 @@ from pytest_evalreplay.agent import LLM, AsyncLLM, ToolSlot, TurnFailed, parse_c
 from pytest_evalreplay.journal import transcripts
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
-from pytest_evalreplay.model import EvalReplayError, Generation, Request, digest, request_content
+from pytest_evalreplay.model import EvalReplayError, Generation, Request, digest, request_content, to_json
 from pytest_evalreplay.numbers.planning import TaskPlan
 from pytest_evalreplay.numbers.sources import Answer, Mode, Source, answer_source
 from pytest_evalreplay.run.context import ProgressSink, ProviderExit, RunContext
@@ -173,7 +173,7 @@ class Episode:
 
     def tool_done(self, slot: ToolSlot, result: Any) -> None:
         try:
-            text = orjson.dumps(result).decode()
+            text = to_json(result).decode()
         except TypeError as exc:
             raise self.fail(
                 f"{self.name}: tool {slot.name!r} returned {type(result).__name__}, not JSON ({exc}); "
@@ -218,7 +218,7 @@ class Episode:
 def _not_json(exc: TypeError, tools: list[Any]) -> str:
     """Which part of a turn's request is not JSON (its sampling was checked before)."""
     try:
-        orjson.dumps(tools)
+        to_json(tools)
     except TypeError as bad:
         return f"llm.chat: tools are not JSON ({bad}); give OpenAI tool schemas"
     return f"llm.chat: the messages are not JSON ({exc}); they are saved with the run"

@@ -60,6 +60,8 @@ class TaskRun(Rollouts):
             decisions.run = [key for key in selected if key not in decisions.failed]
             decisions.reuse.clear()
         run = cls(ctx, task.name, task, plan, recorder, list(selected), decisions, gate=task.gate)
+        if task.agent is not None:
+            run.episodes  # noqa: B018  its turns journal is read now: a bad line is refused up front
         if isinstance(task.scorer, Graded):
             run.grading = Grading(ctx, task, task.scorer, directory)
         run.note_unfinished(index)
