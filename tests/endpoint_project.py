@@ -136,3 +136,94 @@ agent = EvalTask("agent", [{"id": f"q{n}", "n": n, "q": f"word{n}"} for n in ran
                  agent=command([sys.executable, "my_agent.py"], timeout=60),
                  scorer=lambda text, inst: inst["q"].upper() in text, max_turns=6)
 """
+
+# The OpenAI Agents SDK: an Agent with one function tool, run by its Runner,
+# through chat completions and through the Responses API, streamed and not.
+AGENTS_SDK = r"""
+from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool
+from agents import set_tracing_disabled
+from openai import AsyncOpenAI
+
+from pytest_evalreplay import EvalTask
+
+set_tracing_disabled(True)  # else it sends traces to OpenAI
+
+
+@function_tool
+def echo(text: str) -> str:
+    '''Echo the text in upper case.'''
+    return text.upper()
+
+
+async def solve(instance, llm):
+    client = AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    model = {"chat": OpenAIChatCompletionsModel, "responses": OpenAIResponsesModel}[instance["api"]]
+    agent = Agent(name="echoer", instructions="Use the echo tool.", tools=[echo],
+                  model=model(model="stub-model", openai_client=client))
+    if instance["stream"]:
+        result = Runner.run_streamed(agent, instance["q"])
+        async for _ in result.stream_events():
+            pass
+    else:
+        result = await Runner.run(agent, instance["q"])
+    await client.close()
+    return result.final_output
+
+
+agent = EvalTask("agent", [{"id": f"q{n}-{api}{'-stream' if s else ''}", "api": api, "stream": s, "q": f"word{n}"}
+                           for n in range(2) for api in ("chat", "responses") for s in (False, True)],
+                 agent=solve, scorer=lambda text, inst: inst["q"].upper() in text, max_turns=6)
+"""
+
+# One episode making concurrent calls: two different requests at once, then
+# two equal ones at once, then a last one over their answers. The provider
+# (a conftest's) answers `echo:<last message>` and logs what it was asked.
+CONCURRENT_CONFTEST = r"""
+from pathlib import Path
+
+from pytest_evalreplay import Generation
+
+
+class Echo:
+    kind, model, batch_size = "echo", "echo-1", None
+
+    def generate(self, requests):
+        with open(Path(__file__).parent / "calls.log", "a") as log:
+            for r in requests:
+                log.write(r.context[-1]["content"] + "\n")
+        return [[Generation("echo:" + r.context[-1]["content"], finish_reason="stop")] for r in requests]
+
+
+def pytest_evalreplay_make_provider(config, kind):
+    return Echo() if kind == "echo" else None
+"""
+
+CONCURRENT = r"""
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+from pytest_evalreplay import EvalTask
+
+
+def solve(instance, llm):
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    both = threading.Barrier(2)
+
+    def ask(text):
+        both.wait(timeout=30)  # both calls are in flight at once
+        messages = [{"role": "user", "content": text}]
+        return client.chat.completions.create(model="m", messages=messages).choices[0].message.content
+
+    q = instance["id"]
+    with client, ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(ask, [q + "-a", q + "-b"])
+        c, d = pool.map(ask, [q + "-same", q + "-same"])
+        both = threading.Barrier(1)
+        return ask(" ".join([a, b, c, d]))
+
+
+agent = EvalTask("agent", [{"id": f"q{n}"} for n in range(3)], agent=solve,
+                 scorer=lambda text, inst: text.count("echo:") == 5)
+"""
