@@ -170,9 +170,10 @@ async def solve(instance, llm):
     return result.final_output
 
 
-agent = EvalTask("agent", [{"id": f"q{n}-{api}{'-stream' if s else ''}", "api": api, "stream": s, "q": f"word{n}"}
-                           for n in range(2) for api in ("chat", "responses") for s in (False, True)],
-                 agent=solve, scorer=lambda text, inst: inst["q"].upper() in text, max_turns=6)
+INSTANCES = [{"id": f"q{n}-{api}{'-stream' if s else ''}", "api": api, "stream": s, "q": f"word{n}"}
+             for n in range(2) for api in ("chat", "responses") for s in (False, True)]
+agent = EvalTask("agent", INSTANCES, agent=solve, scorer=lambda text, inst: inst["q"].upper() in text,
+                 max_turns=6)
 """
 
 # One episode making concurrent calls: two different requests at once, then

@@ -3,6 +3,7 @@ openai SDK, journaled turn by turn, resumed and replayed without a model."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import urllib.error
 import urllib.request
@@ -165,9 +166,9 @@ def test_the_endpoint_requires_the_sessions_token_and_listens_on_loopback_only()
         url = endpoint.open(episode)
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
         messages = [{"role": "user", "content": "hi"}]
-        with openai.OpenAI(base_url=url, api_key="not-the-token", max_retries=0) as bad:
-            with pytest.raises(openai.AuthenticationError, match="missing or wrong API key"):
-                bad.chat.completions.create(model="m", messages=messages)
+        bad = openai.OpenAI(base_url=url, api_key="not-the-token", max_retries=0)
+        with bad, pytest.raises(openai.AuthenticationError, match="missing or wrong API key"):
+            bad.chat.completions.create(model="m", messages=messages)
         assert episode.sent == []
         request = urllib.request.Request(url + "/chat/completions", data=b"{}", method="POST")
         with pytest.raises(urllib.error.HTTPError) as no_key:
@@ -180,6 +181,7 @@ def test_the_endpoint_requires_the_sessions_token_and_listens_on_loopback_only()
             )
             assert [m.id for m in good.models.list()] == ["m"]
         # Bound to 127.0.0.1: the machine's other addresses refuse it.
+        assert endpoint.address == ("127.0.0.1", endpoint.port)
         port = endpoint.port
         for address in _other_addresses():
             with pytest.raises(OSError), socket.create_connection((address, port), timeout=2):
@@ -189,12 +191,18 @@ def test_the_endpoint_requires_the_sessions_token_and_listens_on_loopback_only()
 
 
 def _other_addresses() -> list[str]:
-    """This machine's IPv4 addresses other than loopback (none in some sandboxes)."""
-    try:
-        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
-    except OSError:
-        return []
-    return sorted({info[4][0] for info in infos if not info[4][0].startswith("127.")})
+    """This machine's IPv4 addresses other than loopback (none in some sandboxes):
+    its host name's, and the one a route out would leave from (no packet is sent)."""
+    found = set()
+    with contextlib.suppress(OSError):
+        found |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.254.254.254", 9))
+            found.add(probe.getsockname()[0])
+        except OSError:
+            pass
+    return sorted(a for a in found if not a.startswith("127.") and a != "0.0.0.0")
 
 
 @pytest.mark.parametrize(
@@ -213,16 +221,16 @@ def test_a_request_the_endpoint_cannot_serve_is_a_400_naming_the_field(body, par
     episode = _Turns()
     try:
         url = endpoint.open(episode)
-        with openai.OpenAI(base_url=url, api_key=endpoint.token, max_retries=0) as client:
-            with pytest.raises(openai.BadRequestError) as err:
-                client.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "hi"}], extra_body=body
-                )
+        client = openai.OpenAI(base_url=url, api_key=endpoint.token, max_retries=0)
+        with client, pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], extra_body=body
+            )
         assert err.value.body["param"] == param and err.value.body["message"] == message
         assert episode.sent == []
         endpoint.close(url)
-        with openai.OpenAI(base_url=url, api_key=endpoint.token, max_retries=0) as client:
-            with pytest.raises(openai.NotFoundError, match="this episode has ended"):
-                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        client = openai.OpenAI(base_url=url, api_key=endpoint.token, max_retries=0)
+        with client, pytest.raises(openai.NotFoundError, match="this episode has ended"):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     finally:
         endpoint.stop()

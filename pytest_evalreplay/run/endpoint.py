@@ -59,9 +59,14 @@ class Endpoint:
         self._count = 0
 
     @property
-    def port(self) -> int:
+    def address(self) -> tuple[str, int]:
+        """Where the server listens (its socket's own name)."""
         assert self._server is not None
-        return self._server.server_address[1]
+        return self._server.socket.getsockname()[:2]
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
 
     def open(self, episode: Served) -> str:
         """A new base URL (ending in /v1) for this episode; starts the server on first use."""
