@@ -11,7 +11,13 @@ user-facing shapes only and knows nothing of journals or providers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import os
+import shlex
+import signal
+import subprocess
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -82,6 +88,10 @@ class Backend(Protocol):
 
     def tool_done(self, slot: ToolSlot, result: Any) -> None: ...
 
+    def endpoint(self) -> tuple[str, str]:
+        """This episode's OpenAI-compatible base URL (ending in /v1) and its API key."""
+        ...
+
 
 def parse_call(call: Any) -> tuple[str, dict[str, Any]]:
     """A tool call's function name and arguments (a JSON object in OpenAI's shape)."""
@@ -145,6 +155,17 @@ class LLM:
         self._backend = backend
         self._sent: list[dict[str, Any]] = []  # the messages of the last call, as copied
 
+    @property
+    def base_url(self) -> str:
+        """This episode's OpenAI-compatible endpoint (ends in /v1): every request to it is one
+        model turn of this episode, exactly as `chat` would ask it."""
+        return self._backend.endpoint()[0]
+
+    @property
+    def api_key(self) -> str:
+        """The key the endpoint requires (a token of this session)."""
+        return self._backend.endpoint()[1]
+
     def chat(
         self, messages: Sequence[Mapping[str, Any]], tools: list[Any] | None = None, **sampling: Any
     ) -> Turn:
@@ -171,6 +192,17 @@ class AsyncLLM:
         self._backend = backend
         self._executor = executor
         self._sent: list[dict[str, Any]] = []
+
+    @property
+    def base_url(self) -> str:
+        """This episode's OpenAI-compatible endpoint (ends in /v1): every request to it is one
+        model turn of this episode, exactly as `chat` would ask it."""
+        return self._backend.endpoint()[0]
+
+    @property
+    def api_key(self) -> str:
+        """The key the endpoint requires (a token of this session)."""
+        return self._backend.endpoint()[1]
 
     async def chat(
         self, messages: Sequence[Mapping[str, Any]], tools: list[Any] | None = None, **sampling: Any
@@ -199,3 +231,97 @@ def tool_message(call: Mapping[str, Any], result: Any) -> dict[str, Any]:
     """The `tool` message answering a call with its result (text as is, anything else as JSON)."""
     content = result if isinstance(result, str) else to_json(result).decode()
     return {"role": "tool", "tool_call_id": call.get("id"), "content": content}
+
+
+STDERR_LINES = 20  # of a failed program's standard error, in the item's failure
+
+
+@dataclass(frozen=True, eq=False)
+class Command:
+    """An agent that is a program (`command([...])`): run once per episode
+    with `OPENAI_BASE_URL` / `OPENAI_API_KEY` set to the episode's endpoint
+    and the instance as JSON on standard input; its standard output, stripped,
+    is the answer. Its process group is killed when the session stops."""
+
+    argv: tuple[str, ...]
+    timeout: float | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    _running: set[subprocess.Popen[bytes]] = field(default_factory=set, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __call__(self, instance: Mapping[str, Any], llm: LLM) -> str:
+        name = shlex.join(self.argv)
+        try:
+            data = to_json(instance)
+        except TypeError as exc:
+            raise EvalReplayError(
+                f"command {name}: the instance is not JSON ({exc}); it goes on stdin"
+            ) from None
+        env = {**os.environ, **self.env, "OPENAI_BASE_URL": llm.base_url, "OPENAI_API_KEY": llm.api_key}
+        try:
+            proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=self.cwd,
+                start_new_session=True,  # its own process group, killed as one
+            )
+        except OSError as exc:
+            raise EvalReplayError(f"command {name}: cannot start it ({exc})") from None
+        with self._lock:
+            self._running.add(proc)
+        try:
+            try:
+                out, err = proc.communicate(data, timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                out, err = proc.communicate()
+                raise EvalReplayError(
+                    f"command {name}: no answer within timeout={self.timeout:g}s (killed){_tail(err)}"
+                ) from None
+        finally:
+            _kill(proc)  # what it left running in its group goes with it
+            with self._lock:
+                self._running.discard(proc)
+        if proc.returncode != 0:
+            raise EvalReplayError(f"command {name}: exited with status {proc.returncode}{_tail(err)}")
+        return out.decode("utf-8", "replace").strip()
+
+    def stop(self) -> None:
+        """Kill every episode's program still running (the session stops)."""
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            _kill(proc)
+
+
+def command(
+    argv: Sequence[str],
+    *,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> Command:
+    """An agent that runs `argv` per episode (see `Command`)."""
+    if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+        raise EvalReplayError(
+            f'command(...) takes a list of strings such as ["python", "my_agent.py"], not {argv!r:.60}'
+        )
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise EvalReplayError(
+            f"command(...): timeout must be a positive number of seconds, not {timeout!r:.40}"
+        )
+    return Command(tuple(argv), timeout, dict(env or {}), cwd)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _tail(err: bytes | None) -> str:
+    lines = (err or b"").decode("utf-8", "replace").rstrip().splitlines()[-STDERR_LINES:]
+    return "; its last stderr lines:\n" + "\n".join(lines) if lines else " (no stderr)"

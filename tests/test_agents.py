@@ -110,10 +110,12 @@ def test_a_turns_newer_retryable_failure_overrides_its_older_answer_at_a_resume(
     (project.path / "fail-q0").unlink()
     calls(project)
     # The first run's answer to q0's turn 1 is older than the second run's
-    # failure of it, which a higher attempt cap tries again: from there q0 is live.
+    # failure of it, which a higher attempt cap tries again. Its answer is the
+    # same, so turn 2 sends what the first run's turn 2 sent: a turn is matched
+    # by what was sent, and that one the journal answers.
     run = project.runpytest("--evalreplay-output=run", "--resume", "--evalreplay-max-attempts=3")
     run.assert_outcomes(passed=6)
-    assert asked(project) == ["q0|r0|t1", "q0|r0|t2"]
+    assert asked(project) == ["q0|r0|t1"]
 
 
 def test_a_crash_after_turn_one_costs_only_the_turns_not_journaled(project):
@@ -125,7 +127,7 @@ def test_a_crash_after_turn_one_costs_only_the_turns_not_journaled(project):
     # every turn 1 and its tool result, nothing of turn 2 and no final answer.
     turns = run / "sums-turns-journal.jsonl"
     lines = turns.read_bytes().splitlines(keepends=True)
-    cut = next(n for n, line in enumerate(lines) if b"|t2" in line)
+    cut = next(n for n, line in enumerate(lines) if b'"after":' in line)  # turn 2's request row
     turns.write_bytes(b"".join(lines[:cut]))
     main = run / "sums-journal.jsonl"
     main.write_bytes(

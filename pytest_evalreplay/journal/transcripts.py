@@ -128,6 +128,7 @@ class SavedEpisodes:
     def __init__(self, path: Path, episodes: dict[RolloutKey, dict[str, Any]]) -> None:
         self.path = path
         self.episodes = episodes
+        self._sent: dict[RolloutKey, dict[str, list[int]]] = {}
 
     @classmethod
     def read(cls, source: Path, task: str) -> SavedEpisodes:
@@ -170,25 +171,36 @@ class SavedEpisodes:
             episodes[(row["stage"], row["instance_id"], row["rollout"])] = row
         return cls(path, episodes)
 
-    def turn(self, key: RolloutKey, number: int, now: str) -> Generation | str:
-        """The saved reply to turn `number` of an episode, or why there is none
-        (`now`: what the agent sends at that turn, as `sent` writes it)."""
+    def turn(self, key: RolloutKey, number: int, now: str, occurrence: int = 0) -> Generation | str:
+        """The saved reply to a turn of an episode, or why there is none
+        (`now`: what the agent sends, as `sent` writes it; `number`: its
+        arrival in the episode). The saved turn is the one that sent the same,
+        the `occurrence`-th of those (so concurrent calls match whatever their
+        order); none: the difference from the saved turn of the same number."""
         name = f"episode {key[1]!r} rollout {key[2]} (stage {key[0]})"
         row = self.episodes.get(key)
         if row is None:
             return f"replay: {self.path} holds no {name}"
         turns = row["turns"]
-        if number > len(turns):
+        matching = self._by_sent(key, row).get(now, [])
+        if occurrence < len(matching):
+            saved = turns[matching[occurrence]]
+        elif number > len(turns):
             return (
                 f"replay: {name}, turn {number}: the agent asked for another turn; the saved episode "
                 f"ended after {len(turns)} turns ({self.path})"
             )
-        saved = turns[number - 1]
-        was = sent(turn_messages(row, saved), saved.get("tools"), saved.get("sampling"))
-        if was != now:
+        else:
+            closest = turns[number - 1]
+            was = sent(turn_messages(row, closest), closest.get("tools"), closest.get("sampling"))
+            said = (
+                "the request (as canonical JSON) " + difference(was, now)
+                if was != now
+                else "that request again"
+            )
             return (
                 f"replay: {name}, turn {number}: the agent sent what the saved episode never asked: "
-                f"the request (as canonical JSON) {difference(was, now)} ({self.path})"
+                f"{said} ({self.path})"
             )
         reply = saved.get("reply")
         calls = reply.get("tool_calls") or [] if isinstance(reply, dict) else None
@@ -203,6 +215,17 @@ class SavedEpisodes:
             completion_tokens=_count(saved.get("completion_tokens")),
             tool_calls=tuple(calls),
         )
+
+    def _by_sent(self, key: RolloutKey, row: Mapping[str, Any]) -> dict[str, list[int]]:
+        """An episode's saved turns by what each sent (built once per episode)."""
+        found = self._sent.get(key)
+        if found is None:
+            found = {}
+            for n, turn in enumerate(row["turns"]):
+                text = sent(turn_messages(row, turn), turn.get("tools"), turn.get("sampling"))
+                found.setdefault(text, []).append(n)
+            self._sent[key] = found
+        return found
 
     def tool(self, key: RolloutKey, number: int, call: Mapping[str, Any]) -> tuple[bool, Any, str]:
         """The saved result of tool call `number` of an episode: (found, result, why not)."""

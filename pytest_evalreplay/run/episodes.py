@@ -20,28 +20,26 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from pytest_evalreplay.agent import LLM, AsyncLLM, ToolSlot, TurnFailed, parse_call
+from pytest_evalreplay.agent import LLM, AsyncLLM, Command, ToolSlot, TurnFailed
 from pytest_evalreplay.journal import transcripts
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
-from pytest_evalreplay.model import EvalReplayError, Generation, Request, digest, request_content, to_json
+from pytest_evalreplay.model import EvalReplayError, Generation, Request, request_content
 from pytest_evalreplay.numbers.planning import TaskPlan
-from pytest_evalreplay.numbers.sources import Answer, Mode, Source, answer_source
+from pytest_evalreplay.numbers.sources import Answer, Mode, answer_source
 from pytest_evalreplay.run.context import ProgressSink, ProviderExit, RunContext
+from pytest_evalreplay.run.endpoint import Endpoint
+from pytest_evalreplay.run.episode import TOOL_IDENTITY, TOOL_PV, Episode
 from pytest_evalreplay.run.generation import stream_into_journal
 from pytest_evalreplay.run.turnbatcher import TurnBatcher
 from pytest_evalreplay.storage.runschema import TURNS_SUFFIX
-from pytest_evalreplay.task import EvalTask, validate_sampling
-
-TOOL_IDENTITY = {"kind": "tool"}
-TOOL_PV = digest(TOOL_IDENTITY)
+from pytest_evalreplay.task import EvalTask
 
 
 def turns_name(task: str) -> str:
@@ -51,184 +49,6 @@ def turns_name(task: str) -> str:
 def episode_key(key: RolloutKey) -> RolloutKey:
     """Where an episode's transcript row sits in the turns journal."""
     return (key[0], f"{key[1]}|r{key[2]}|episode", 0)
-
-
-@dataclass
-class Episode:
-    """One rollout's episode: the backend of its `LLM`, and its transcript."""
-
-    runner: EpisodeRunner
-    key: RolloutKey
-    live: bool = False
-    turns: list[dict[str, Any]] = field(default_factory=list)
-    tool_results: list[dict[str, Any]] = field(default_factory=list)
-    failure: tuple[str, str] | None = None  # (failure class, message): the episode fails
-    _last_turn: str | None = None  # digest of the last turn's request
-
-    @property
-    def name(self) -> str:
-        return f"episode {self.key[1]!r} rollout {self.key[2]}"
-
-    def fail(self, message: str, failure_class: str = "terminal") -> TurnFailed:
-        if self.failure is None:
-            self.failure = (failure_class, message)
-        return TurnFailed(message)
-
-    def chat(self, messages: list[dict[str, Any]], tools: list[Any], sampling: dict[str, Any]) -> Generation:
-        runner = self.runner
-        if self.failure is not None:
-            raise TurnFailed(self.failure[1])
-        number = len(self.turns) + 1
-        limit = runner.task.max_turns
-        if limit is not None and number > limit:
-            raise self.fail(f"{self.name}: the agent asked for turn {number}, past max_turns={limit}")
-        asked = {**runner.task.sampling, **validate_sampling(sampling, "llm.chat")}
-        stage, iid, rollout = self.key
-        request = Request(
-            task=runner.turns.task,
-            instance_id=f"{iid}|r{rollout}|t{number}",
-            context=messages,
-            sampling=asked,
-            tools=tuple(tools),
-            stage=stage,
-            rollouts=(0,),
-        )
-        content = request_content(request)
-        try:
-            rq = digest(content)  # the one serialization of what is sent, per turn
-        except TypeError as exc:
-            raise EvalReplayError(_not_json(exc, tools)) from None
-        answer: Generation | Failure | str | None = None
-        if not self.live:  # from the first call the journal does not answer, the episode is live
-            found, answer = runner.source((stage, request.instance_id, 0), rq, runner.pv)
-            if found.source is Source.FAILED and found.fail is not None:
-                answer = found.fail.failure
-            elif found.source is Source.SAVED and runner.saved is not None:
-                answer = runner.saved.turn(self.key, number, transcripts.sent(messages, tools, asked))
-        if answer is None:
-            self.live = True
-            runner.asked[request.instance_id] = (rq, self._row_content(content))  # for the batch's rows
-            answer = runner.batcher.ask(request)
-        if isinstance(answer, str):
-            raise self.fail(answer)
-        if isinstance(answer, Failure):
-            raise self.fail(f"{self.name}, turn {number}: {answer.message}", answer.failure_class)
-        self._last_turn = rq
-        self.turns.append(
-            {
-                "turn": number,
-                "messages": messages,
-                "tools": tools,
-                "sampling": asked,
-                "reply": _reply(answer),
-                "finish_reason": answer.finish_reason,
-                "prompt_tokens": answer.prompt_tokens,
-                "completion_tokens": answer.completion_tokens,
-            }
-        )
-        budget = runner.task.max_tokens_per_episode
-        if budget is not None and (spent := self.tokens()) > budget:
-            raise self.fail(
-                f"{self.name}, turn {number}: {spent} tokens so far, past max_tokens_per_episode={budget}"
-            )
-        return answer
-
-    def _row_content(self, content: dict[str, Any]) -> dict[str, Any]:
-        """What the turn's request row holds (`content`, the request's,
-        changed in place): the messages added since the turn before (`after`:
-        that turn's digest) when it sent those first, so the journal grows
-        with the conversation and not with its square; the digest stays over
-        the whole request."""
-        prev = self.turns[-1]["messages"] if self.turns else None
-        messages = content["context"]
-        if prev is not None and messages[: len(prev)] == prev:
-            del content["context"]
-            content["after"], content["added"] = self._last_turn, messages[len(prev) :]
-        return content
-
-    def tokens(self) -> int:
-        """Prompt and completion tokens of every turn so far (a count the provider left out: 0)."""
-        return sum((t["prompt_tokens"] or 0) + (t["completion_tokens"] or 0) for t in self.turns)
-
-    def tool_slot(self, call: Mapping[str, Any]) -> ToolSlot:
-        if self.failure is not None:
-            raise TurnFailed(self.failure[1])
-        name, arguments = parse_call(call)
-        slot = ToolSlot(len(self.tool_results) + 1, dict(call), name, arguments)
-        runner = self.runner
-        if not self.live:  # no failure is journaled for a tool: its answer is recorded, saved or live
-            found, recorded = runner.source(self._tool_key(slot), self._tool_digest(slot), TOOL_PV)
-            if recorded is not None:
-                slot.found, slot.result = True, orjson.loads(recorded.text)
-            elif found.source is Source.SAVED and runner.saved is not None:
-                saved, result, why = runner.saved.tool(self.key, slot.number, slot.call)
-                if not saved:
-                    raise self.fail(why)
-                slot.found, slot.result = True, result
-        if not slot.found:
-            self.live = True
-        else:
-            self._keep(slot, slot.result)
-        return slot
-
-    def tool_done(self, slot: ToolSlot, result: Any) -> None:
-        try:
-            text = to_json(result).decode()
-        except TypeError as exc:
-            raise self.fail(
-                f"{self.name}: tool {slot.name!r} returned {type(result).__name__}, not JSON ({exc}); "
-                "return JSON values (its result is saved with the run)"
-            ) from None
-        self._keep(slot, result)
-        self.runner.record_tool(self._tool_key(slot), self._tool_digest(slot), slot, text)
-
-    def _keep(self, slot: ToolSlot, result: Any) -> None:
-        self.tool_results.append({"turn": len(self.turns), "call": slot.call, "result": result})
-
-    def _tool_key(self, slot: ToolSlot) -> RolloutKey:
-        return (self.key[0], f"{self.key[1]}|r{self.key[2]}|c{slot.number}", 0)
-
-    def _tool_digest(self, slot: ToolSlot) -> str:
-        return digest({"request_type": "tool", "after": self._last_turn, "call": slot.call})
-
-    def transcript(self, answer: str | None) -> dict[str, Any]:
-        last = self.turns[-1] if self.turns else None
-        messages = [*last["messages"], last["reply"]] if last is not None else []
-        return {
-            "instance_id": self.key[1],
-            "stage": self.key[0],
-            "rollout": self.key[2],
-            "answer": answer,
-            "error": None if self.failure is None else self.failure[1],
-            "turns": [transcripts.compact_turn(turn, messages) for turn in self.turns],
-            "tool_results": self.tool_results,
-            "messages": messages,
-        }
-
-    def final(self, answer: str) -> Generation:
-        return Generation(
-            text=answer,
-            finish_reason=self.turns[-1]["finish_reason"] if self.turns else None,
-            prompt_tokens=sum(t["prompt_tokens"] or 0 for t in self.turns),
-            completion_tokens=sum(t["completion_tokens"] or 0 for t in self.turns),
-            metadata={"turns": len(self.turns), "tool_calls": len(self.tool_results)},
-        )
-
-
-def _not_json(exc: TypeError, tools: list[Any]) -> str:
-    """Which part of a turn's request is not JSON (its sampling was checked before)."""
-    try:
-        to_json(tools)
-    except TypeError as bad:
-        return f"llm.chat: tools are not JSON ({bad}); give OpenAI tool schemas"
-    return f"llm.chat: the messages are not JSON ({exc}); they are saved with the run"
-
-
-def _reply(generation: Generation) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": generation.text}
-    if generation.tool_calls:
-        message["tool_calls"] = [dict(c) for c in generation.tool_calls]
-    return message
 
 
 class EpisodeRunner:
@@ -255,7 +75,17 @@ class EpisodeRunner:
         self.pv = ctx.provider_digest
         self.mode = Mode(ctx.run_id, ctx.resuming, self.saved is not None, settings.max_attempts)
         self.batcher = TurnBatcher(self._generate)
-        self.asked: dict[str, tuple[str, dict[str, Any]]] = {}  # a turn in flight's digest and row content
+        # A turn in flight's digest, row content and journal id, by its request's instance id.
+        self.asked: dict[str, tuple[str, dict[str, Any], str]] = {}
+        self._endpoint: Endpoint | None = None
+        self._endpoint_lock = threading.Lock()
+
+    def endpoint(self) -> Endpoint:
+        """The task's OpenAI-compatible endpoint, started on the first episode that asks."""
+        with self._endpoint_lock:
+            if self._endpoint is None:
+                self._endpoint = Endpoint(self.ctx.settings.model or "")
+            return self._endpoint
 
     # -- the journal ---------------------------------------------------------------
 
@@ -280,7 +110,7 @@ class EpisodeRunner:
         """One batch of turns into the turns journal; each turn's answer as it
         was written, or its final failure."""
         asked = {r.instance_id: self.asked.pop(r.instance_id) for r in requests}
-        answers: dict[str, Generation | Failure] = {}
+        answers: dict[str, Generation | Failure] = {}  # by journal id
         stream_into_journal(  # each of its writes takes the turns recorder's mutex
             self.turns,
             self.ctx.host.get(),
@@ -289,13 +119,14 @@ class EpisodeRunner:
             self.ctx.settings,
             digest_of=lambda r: asked[r.instance_id][0],
             content_of=lambda r: asked[r.instance_id][1],
+            journal_id=lambda r: asked[r.instance_id][2],
             progress=ProgressSink(),
             on_answer=lambda key, gen: answers.__setitem__(key[1], gen),
             on_failure=lambda failure: answers.__setitem__(failure.instance_id, failure),
             settle=False,
         )
         return [
-            answers.get(r.instance_id)
+            answers.get(asked[r.instance_id][2])
             or Failure(r.stage, r.instance_id, (0,), 1, "retryable", "no answer was recorded", True)
             for r in requests
         ]
@@ -327,6 +158,12 @@ class EpisodeRunner:
                 list(pool.map(lambda key: self._run_sync(key, one), keys))
         finally:
             self.batcher.close()
+            if isinstance(self.task.agent, Command):
+                self.task.agent.stop()
+            with self._endpoint_lock:
+                endpoint, self._endpoint = self._endpoint, None
+            if endpoint is not None:
+                endpoint.stop()
             pool.shutdown(wait=False, cancel_futures=True)
             progress.end(self.name)
             with self.lock:
@@ -365,6 +202,11 @@ class EpisodeRunner:
 
     def finish(self, episode: Episode, answer: Any, stop: list[BaseException]) -> None:
         """The episode's journal rows: its final answer or its failure, and its transcript."""
+        if episode.base_url is not None and self._endpoint is not None:
+            self._endpoint.close(episode.base_url)
+        if episode.exit is not None:
+            stop.append(episode.exit)
+            return  # the session stops: nothing of this episode is final
         if isinstance(answer, _Raised):
             exc = answer.exc
             if isinstance(exc, ProviderExit):

@@ -11,6 +11,7 @@ before every retry and at the end, including when the session is stopped.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pytest_evalreplay.journal.recorder import TaskRecorder
@@ -30,6 +31,7 @@ def stream_into_journal(
     *,
     digest_of: Callable[[Request], str] = request_digest,
     content_of: Callable[[Request], Mapping[str, Any]] = request_content,
+    journal_id: Callable[[Request], str] | None = None,
     prior: Mapping[RequestKey, int] | None = None,
     progress: ProgressSink | None = None,
     name: str | None = None,
@@ -41,8 +43,10 @@ def stream_into_journal(
     provider's digest and identity; `digest_of` names each request's content
     (a task passes the digests it rendered at collection) and `content_of`
     what its request row holds (an agent's turn: what it added to the turn
-    before); `on_answer` sees each generation once its row is written,
-    `on_failure` each final failure.
+    before), `journal_id` the instance id its rows are keyed by when not the
+    request's (an agent's turn: by what was sent, not when); `on_answer`
+    sees each generation once its row is written, `on_failure` each final
+    failure.
     `settle=False` leaves the end's fsync and index catch-up to the caller
     (an agent's turn batches: every row is already written, and fsynced
     within `files.SYNC_SECONDS`; the episode runner settles once at its end)."""
@@ -60,14 +64,17 @@ def stream_into_journal(
                 continue
             req = event.request
             rq = digest_of(req)
+            iid = req.instance_id if journal_id is None else journal_id(req)
             rows = recorder.request_rows(rq, content_of(req))
             if isinstance(event, Done):
                 for rollout, gen in zip(req.rollouts, event.generations, strict=True):
-                    rows.append(recorder.gen((req.stage, req.instance_id, rollout), rq, pv, gen))
+                    rows.append(recorder.gen((req.stage, iid, rollout), rq, pv, gen))
                     tokens += gen.completion_tokens or 0
                 done_requests += 1
                 done_samples += len(req.rollouts)
             elif isinstance(event, Failed):
+                if iid != event.failure.instance_id:
+                    event = Failed(req, replace(event.failure, instance_id=iid))
                 rows.append(recorder.fail(event.failure, rq, pv))
                 if event.failure.final:
                     failures += 1
@@ -77,7 +84,7 @@ def stream_into_journal(
                 on_failure(event.failure)
             if on_answer is not None and isinstance(event, Done):
                 for rollout, gen in zip(req.rollouts, event.generations, strict=True):
-                    on_answer((req.stage, req.instance_id, rollout), gen)
+                    on_answer((req.stage, iid, rollout), gen)
             progress.update(name, done_requests, done_samples, failures, tokens)
     except SystemExit as exc:
         raise ProviderExit(f"the provider raised SystemExit({exc.code!r}); stopping the session") from None

@@ -1,0 +1,231 @@
+"""An OpenAI-compatible HTTP endpoint per episode, for agents written against any OpenAI client.
+
+While an agent task runs, an episode that asks for `llm.base_url` gets its
+own base URL on a server bound to 127.0.0.1 (an ephemeral port, started on
+the first such ask, stopped when the task's episodes end). Each request is
+one model turn of that episode, handed to the episode's `chat` (the same
+call `llm.chat` makes: batched with the other episodes' turns, journaled,
+answered from the journal on `--resume` or from the saved run on replay).
+The handler thread blocks until the turn is answered, so a sync agent's
+client blocks in its own thread and an async one awaits as usual.
+
+Every request must carry the server's token (`Authorization: Bearer ...`,
+`llm.api_key`): nothing else on the machine can spend the task's provider.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from pytest_evalreplay.agent import TurnFailed
+from pytest_evalreplay.model import EvalReplayError, Generation
+from pytest_evalreplay.run import endpoint_wire as wire
+
+HOST = "127.0.0.1"  # never another interface
+
+
+class Served(Protocol):
+    """What the endpoint needs of an episode: one model turn, as `llm.chat` takes it."""
+
+    def serve(
+        self, messages: list[dict[str, Any]], tools: list[Any], sampling: dict[str, Any]
+    ) -> Generation: ...
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a client that keeps its connection idle does not hold the stop
+    endpoint: Endpoint
+
+
+class Endpoint:
+    """The server and the episodes it serves, each under `/e/<id>/v1`."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model or "evalreplay"
+        self.token = secrets.token_urlsafe(24)
+        self._episodes: dict[str, Served] = {}
+        self._connections: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._count = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where the server listens (its socket's own name)."""
+        assert self._server is not None
+        return self._server.socket.getsockname()[:2]
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    def open(self, episode: Served) -> str:
+        """A new base URL (ending in /v1) for this episode; starts the server on first use."""
+        with self._lock:
+            if self._server is None:
+                server = _Server((HOST, 0), _Handler)
+                server.endpoint = self
+                self._server = server
+                self._thread = threading.Thread(
+                    target=server.serve_forever,
+                    kwargs={"poll_interval": 0.2},
+                    name="evalreplay-endpoint",
+                    daemon=True,
+                )
+                self._thread.start()
+            self._count += 1
+            eid = f"{self._count}-{secrets.token_hex(4)}"
+            self._episodes[eid] = episode
+            return f"http://{HOST}:{self.port}/e/{eid}/v1"
+
+    def close(self, base_url: str) -> None:
+        """The episode has ended: its URL answers 404 from now on."""
+        eid = base_url.rsplit("/e/", 1)[-1].split("/", 1)[0]
+        with self._lock:
+            self._episodes.pop(eid, None)
+
+    def episode(self, eid: str) -> Served | None:
+        with self._lock:
+            return self._episodes.get(eid)
+
+    def track(self, conn: socket.socket, add: bool) -> None:
+        with self._lock:
+            (self._connections.add if add else self._connections.discard)(conn)
+
+    def stop(self) -> None:
+        """Stop serving; connections still open are shut, so their handlers end."""
+        with self._lock:
+            server, self._server = self._server, None
+            thread, self._thread = self._thread, None
+            connections = list(self._connections)
+            self._episodes.clear()
+        if server is None:
+            return
+        server.shutdown()
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        server.server_close()
+        if thread is not None:
+            thread.join()
+
+
+# The turns each POST path serves: (parse the body, answer it, answer it as events).
+_ROUTES: dict[
+    str, tuple[Callable[[bytes], wire.Turn], Callable[..., bytes], Callable[..., Iterable[bytes]]]
+] = {
+    "chat/completions": (wire.chat_turn, wire.chat_completion, wire.chat_events),
+    "responses": (wire.responses_turn, wire.response, wire.response_events),
+}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the SDKs reuse one connection per client
+    server: _Server
+
+    def log_message(self, *args: Any) -> None:
+        pass  # the session's output is pytest's
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.endpoint.track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.endpoint.track(self.connection, False)
+
+    def _send(
+        self, code: int, body: bytes, kind: str = "application/json", extra: tuple[tuple[str, str], ...] = ()
+    ) -> None:
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            for name, value in extra:
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:  # the client went away (its own timeout): nothing to answer
+            self.close_connection = True
+
+    def _error(
+        self, code: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
+    ) -> None:
+        # x-should-retry: the openai SDK would otherwise retry some of these, each a new turn.
+        self._send(code, wire.error_body(message, param, kind), extra=(("x-should-retry", "false"),))
+
+    def _route(self) -> tuple[Served, str] | None:
+        """The episode and the path under its /v1, or None once an error is sent."""
+        endpoint = self.server.endpoint
+        given = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {endpoint.token}".encode()):
+            self._error(
+                401,
+                "missing or wrong API key: use llm.api_key (the endpoint's token)",
+                kind="invalid_api_key",
+            )
+            return None
+        parts = self.path.split("?", 1)[0].split("/", 4)
+        if len(parts) < 5 or parts[1] != "e" or parts[3] != "v1":
+            self._error(404, f"no such path {self.path!r:.80}; use llm.base_url", kind="not_found_error")
+            return None
+        episode = endpoint.episode(parts[2])
+        if episode is None:
+            self._error(
+                404,
+                "this episode has ended (or never was): its base URL serves no more turns",
+                kind="not_found_error",
+            )
+            return None
+        return episode, parts[4].rstrip("/")
+
+    def do_GET(self) -> None:
+        routed = self._route()
+        if routed is None:
+            return
+        if routed[1] == "models":
+            self._send(200, wire.models_body(self.server.endpoint.model))
+        else:
+            self._error(404, f"GET /v1/{routed[1]} is not served", kind="not_found_error")
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        routed = self._route()
+        if routed is None:
+            return
+        episode, path = routed
+        route = _ROUTES.get(path)
+        if route is None:
+            self._error(
+                404,
+                f"POST /v1/{path} is not served (chat/completions and responses are)",
+                kind="not_found_error",
+            )
+            return
+        parse, answer, events = route
+        try:
+            turn = parse(raw)
+            gen = episode.serve(turn.messages, turn.tools, turn.sampling)
+        except wire.WireError as exc:
+            self._error(400, str(exc), exc.param)
+            return
+        except (TurnFailed, EvalReplayError) as exc:
+            self._error(400, str(exc), kind="evalreplay_turn_failed")
+            return
+        ident, created = secrets.token_hex(12), int(time.time())
+        if turn.stream:
+            self._send(200, b"".join(events(gen, turn, ident, created)), "text/event-stream")
+        else:
+            self._send(200, answer(gen, turn, ident, created))
