@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from stub_logprobs import echo_completion
+from stub_logprobs import detokenize, echo_completion, token_ids
 
 STUB_MODEL = "stub-model"  # the name the stub serves unless told another
 
@@ -481,6 +481,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if not self._authorized():
             return
+        if self.path.rstrip("/") == "/tokenizer_info":  # as vllm serve: lm-eval's remote tokenizer
+            self.reply(200, {"eos_token": None, "bos_token": None, "pad_token": None})
+            return
         if self.path.rstrip("/") != "/v1/models":
             self.reply(404, {"error": {"message": f"no route {self.path}", "code": 404}})
             return
@@ -504,6 +507,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.reply(400, {"error": {"message": "body is not JSON", "code": 400}})
             return
         if not self._authorized():
+            return
+        if self.path in ("/tokenize", "/detokenize") and isinstance(body, dict):
+            if self.path == "/tokenize":
+                self.reply(200, {"tokens": token_ids(str(body.get("prompt", "")))})
+            else:
+                self.reply(200, {"prompt": "".join(detokenize(list(body.get("tokens", []))))})
             return
         if self.path not in ("/v1/completions", "/v1/chat/completions") or not isinstance(body, dict):
             self.reply(404, {"error": {"message": f"no route {self.path}", "code": 404}})

@@ -1,0 +1,103 @@
+"""`EvalTask.from_lm_eval`: lm-evaluation-harness's tasks collected, asked
+and scored by lm-eval's own code (docs/lm_eval.md).
+
+The side-by-side tests run the same local-file task twice against one
+OpenAI-compatible stub (tests/http_stub.py): by `lm_eval --model
+local-completions`, and by the plugin with `--evalreplay-provider=openai`;
+the metric values must be identical. They need lm-eval (the `lm-eval`
+extra) and skip without it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+from http_stub import StubServer
+from lm_eval_tasks import lm_eval_command, lm_eval_env, lm_eval_results, write_arith, write_tiny_mc
+from subprocess_pytest import PYTEST, child_env
+
+NEEDS = "lm-evaluation-harness is not installed (pip install 'pytest-evalreplay[lm-eval]')"
+pytest.importorskip("lm_eval", reason=NEEDS)
+
+MODULE = """
+from pytest_evalreplay import EvalTask
+{name} = EvalTask.from_lm_eval("{name}", include_path="tasks/"{extra})
+"""
+
+
+def run_plugin(
+    project: Path, stub: StubServer, *args: str, name: str = "arith", extra: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """pytest with the plugin on `project`'s test module, against the stub."""
+    (project / "test_lm.py").write_text(MODULE.format(name=name, extra=extra), encoding="utf-8")
+    cmd = [
+        *PYTEST,
+        "-q",
+        "test_lm.py",
+        "--evalreplay-provider=openai",
+        "--evalreplay-model=stub-model",
+        f"--evalreplay-base-url={stub.url}",
+        "--evalreplay-output=run",
+        *args,
+    ]
+    env = child_env(**lm_eval_env(project / "hf"))
+    return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+
+
+def our_metrics(project: Path, task: str) -> dict[str, float]:
+    return orjson.loads((project / "run" / f"{task}-metrics.json").read_bytes())["metrics"]
+
+
+def their_metrics(project: Path, task: str, stub: StubServer, model: str = "local-completions") -> dict:
+    cmd = lm_eval_command(task, project / "tasks", project / "lm-eval-out", stub.url, model)
+    done = subprocess.run(cmd, env=lm_eval_env(project / "hf"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return lm_eval_results(project / "lm-eval-out")["results"][task]
+
+
+def as_ours(results: dict) -> dict[str, float]:
+    """lm-eval's `metric,filter` keys as the plugin names them (`none` dropped), stderrs left out."""
+    out = {}
+    for key, value in results.items():
+        if "," not in key or "_stderr," in key:
+            continue
+        metric, filt = key.split(",", 1)
+        out[metric if filt == "none" else key] = value
+    return out
+
+
+@pytest.mark.slow
+def test_generate_until_with_few_shot_and_regex_filters_matches_lm_eval(
+    tmp_path: Path, stub: StubServer
+) -> None:
+    write_arith(tmp_path / "tasks")
+    done = run_plugin(tmp_path, stub)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ours = our_metrics(tmp_path, "arith")
+    theirs = as_ours(their_metrics(tmp_path, "arith", stub))
+    assert set(ours) == {"exact_match,strict", "exact_match,flexible"}
+    assert ours == theirs
+    assert 0 < ours["exact_match,strict"] < 1  # the regex found answers, and not all right
+
+
+@pytest.mark.slow
+def test_multiple_choice_acc_and_acc_norm_match_lm_eval(tmp_path: Path, stub: StubServer) -> None:
+    write_tiny_mc(tmp_path / "tasks")
+    done = run_plugin(tmp_path, stub, name="tiny_mc")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ours = our_metrics(tmp_path, "tiny_mc")
+    theirs = as_ours(their_metrics(tmp_path, "tiny_mc", stub))
+    assert set(ours) == {"acc", "acc_norm"}
+    assert ours == theirs
+    assert ours["acc"] != ours["acc_norm"]
+
+
+def test_items_are_one_per_document_named_by_doc_id(tmp_path: Path, stub: StubServer) -> None:
+    write_arith(tmp_path / "tasks", n=5)
+    done = run_plugin(tmp_path, stub, "--collect-only")
+    assert done.returncode == 0, done.stdout + done.stderr
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    assert ids == [f"test_lm.py::arith::{i}[s1-r0]" for i in range(5)]
