@@ -11,6 +11,7 @@ extra) and skip without it.
 from __future__ import annotations
 
 import subprocess
+from importlib.util import find_spec
 from pathlib import Path
 
 import orjson
@@ -20,7 +21,7 @@ from lm_eval_tasks import lm_eval_command, lm_eval_env, lm_eval_results, write_a
 from subprocess_pytest import PYTEST, child_env
 
 NEEDS = "lm-evaluation-harness is not installed (pip install 'pytest-evalreplay[lm-eval]')"
-pytest.importorskip("lm_eval", reason=NEEDS)
+needs_lm_eval = pytest.mark.skipif(find_spec("lm_eval") is None, reason=NEEDS)
 
 MODULE = """
 from pytest_evalreplay import EvalTask
@@ -29,7 +30,12 @@ from pytest_evalreplay import EvalTask
 
 
 def run_plugin(
-    project: Path, stub: StubServer, *args: str, name: str = "arith", extra: str = ""
+    project: Path,
+    stub: StubServer,
+    *args: str,
+    name: str = "arith",
+    extra: str = "",
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """pytest with the plugin on `project`'s test module, against the stub."""
     (project / "test_lm.py").write_text(MODULE.format(name=name, extra=extra), encoding="utf-8")
@@ -43,7 +49,7 @@ def run_plugin(
         "--evalreplay-output=run",
         *args,
     ]
-    env = child_env(**lm_eval_env(project / "hf"))
+    env = child_env(**lm_eval_env(project / "hf"), **(env or {}))
     return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -69,6 +75,7 @@ def as_ours(results: dict) -> dict[str, float]:
     return out
 
 
+@needs_lm_eval
 @pytest.mark.slow
 def test_generate_until_with_few_shot_and_regex_filters_matches_lm_eval(
     tmp_path: Path, stub: StubServer
@@ -83,6 +90,7 @@ def test_generate_until_with_few_shot_and_regex_filters_matches_lm_eval(
     assert 0 < ours["exact_match,strict"] < 1  # the regex found answers, and not all right
 
 
+@needs_lm_eval
 @pytest.mark.slow
 def test_multiple_choice_acc_and_acc_norm_match_lm_eval(tmp_path: Path, stub: StubServer) -> None:
     write_tiny_mc(tmp_path / "tasks")
@@ -95,9 +103,63 @@ def test_multiple_choice_acc_and_acc_norm_match_lm_eval(tmp_path: Path, stub: St
     assert ours["acc"] != ours["acc_norm"]
 
 
+@needs_lm_eval
 def test_items_are_one_per_document_named_by_doc_id(tmp_path: Path, stub: StubServer) -> None:
     write_arith(tmp_path / "tasks", n=5)
     done = run_plugin(tmp_path, stub, "--collect-only")
     assert done.returncode == 0, done.stdout + done.stderr
     ids = [line for line in done.stdout.splitlines() if "::" in line]
     assert ids == [f"test_lm.py::arith::{i}[s1-r0]" for i in range(5)]
+
+
+BROKEN = {
+    "unknown task": ("nope", "", "lm-eval task 'nope': lm-eval knows no task, group or tag of that name"),
+    "dataset not loadable": (
+        "arith",
+        "missing-data",
+        "lm-eval task 'arith': its dataset could not be loaded (",
+    ),
+    "repeats": ("arith", "repeats: 3", "lm-eval task 'arith': repeats: 3; lm-eval's filters see all repeats"),
+    "median aggregation": (
+        "arith",
+        "aggregation: median",
+        "lm-eval task 'arith': metric 'exact_match' aggregates with 'median'",
+    ),
+}
+
+
+@needs_lm_eval
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_task_lm_eval_cannot_give_us_is_a_collection_error_naming_it(
+    tmp_path: Path, stub: StubServer, case: str
+) -> None:
+    name, edit, message = BROKEN[case]
+    yaml = write_arith(tmp_path / "tasks", n=3)
+    text = yaml.read_text(encoding="utf-8")
+    if edit == "missing-data":
+        text = text.replace("arith_test.jsonl", "gone.jsonl")
+    elif edit.startswith("aggregation"):
+        text = text.replace("aggregation: mean", edit)
+    elif edit:
+        text += edit + "\n"
+    yaml.write_text(text, encoding="utf-8")
+    done = run_plugin(tmp_path, stub, "--collect-only", name=name)
+    out = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert message in out, out
+    assert "Traceback" not in out and "lm_eval/" not in out and "pytest_evalreplay/" not in out, out
+    assert stub.received == 0
+
+
+def test_without_lm_eval_the_task_is_a_collection_error_naming_the_extra(
+    tmp_path: Path, stub: StubServer
+) -> None:
+    fake = tmp_path / "no-lm-eval" / "lm_eval"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'lm_eval'\")\n", encoding="utf-8")
+    done = run_plugin(tmp_path, stub, "--collect-only", env={"PYTHONPATH": str(fake.parent)})
+    out = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "lm-eval task 'arith': EvalTask.from_lm_eval needs lm-evaluation-harness" in out, out
+    assert "pip install 'pytest-evalreplay[lm-eval]'" in out, out
+    assert "Traceback" not in out, out
