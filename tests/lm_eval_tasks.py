@@ -73,7 +73,7 @@ metric_list:
     higher_is_better: true
 """
 
-WORDS = ["red", "green", "blue", "apple", "river", "stone", "cloud", "seven", "quick", "lazy", "bright"]
+WORDS = "red green blue apple river stone cloud seven quick lazy bright narrow".split()  # noqa: SIM905
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:

@@ -10,7 +10,9 @@ extra) and skip without it.
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import time
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -43,14 +45,24 @@ def run_plugin(
         *PYTEST,
         "-q",
         "test_lm.py",
-        "--evalreplay-provider=openai",
-        "--evalreplay-model=stub-model",
-        f"--evalreplay-base-url={stub.url}",
-        "--evalreplay-output=run",
+        *provider_args(stub, args),
         *args,
     ]
     env = child_env(**lm_eval_env(project / "hf"), **(env or {}))
     return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+
+
+def provider_args(stub: StubServer, args: tuple[str, ...]) -> list[str]:
+    """The stub as the provider, unless the run replays (`--evalreplay-predictions`)."""
+    out = [] if any(a.startswith("--evalreplay-output") for a in args) else ["--evalreplay-output=run"]
+    if any(a.startswith("--evalreplay-predictions") for a in args):
+        return out
+    return [
+        *out,
+        "--evalreplay-provider=openai",
+        "--evalreplay-model=stub-model",
+        f"--evalreplay-base-url={stub.url}",
+    ]
 
 
 def our_metrics(project: Path, task: str) -> dict[str, float]:
@@ -88,6 +100,13 @@ def test_generate_until_with_few_shot_and_regex_filters_matches_lm_eval(
     assert set(ours) == {"exact_match,strict", "exact_match,flexible"}
     assert ours == theirs
     assert 0 < ours["exact_match,strict"] < 1  # the regex found answers, and not all right
+    # lm-eval's own --log_samples output replays into the same task: the same numbers, no model asked
+    asked = stub.received
+    samples = next((tmp_path / "lm-eval-out").iterdir())
+    done = run_plugin(tmp_path, stub, f"--evalreplay-predictions={samples}", "--evalreplay-output=replayed")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    replayed = orjson.loads((tmp_path / "replayed" / "arith-metrics.json").read_bytes())["metrics"]
+    assert replayed == theirs and stub.received == asked
 
 
 @needs_lm_eval
@@ -101,6 +120,13 @@ def test_multiple_choice_acc_and_acc_norm_match_lm_eval(tmp_path: Path, stub: St
     assert set(ours) == {"acc", "acc_norm"}
     assert ours == theirs
     assert ours["acc"] != ours["acc_norm"]
+    samples = next((tmp_path / "lm-eval-out").iterdir())
+    done = run_plugin(
+        tmp_path, stub, f"--evalreplay-predictions={samples}", "--evalreplay-output=replayed", name="tiny_mc"
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    replayed = orjson.loads((tmp_path / "replayed" / "tiny_mc-metrics.json").read_bytes())["metrics"]
+    assert replayed == theirs
 
 
 @needs_lm_eval
@@ -163,3 +189,98 @@ def test_without_lm_eval_the_task_is_a_collection_error_naming_the_extra(
     assert "lm-eval task 'arith': EvalTask.from_lm_eval needs lm-evaluation-harness" in out, out
     assert "pip install 'pytest-evalreplay[lm-eval]'" in out, out
     assert "Traceback" not in out, out
+
+
+@needs_lm_eval
+def test_replay_of_our_run_dir_and_a_gate_on_lm_eval_metric_names(tmp_path: Path, stub: StubServer) -> None:
+    write_arith(tmp_path / "tasks", n=12)
+    module = "from pytest_evalreplay import Gate\n" + MODULE
+    done = run_plugin_with(
+        tmp_path, stub, module.format(name="arith", extra=', gate=Gate("exact_match,strict", min=0.2)')
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "PASSED test_lm.py::arith::gate" in done.stdout
+    first = our_metrics(tmp_path, "arith")
+    asked = stub.received
+    replay = run_plugin_with(
+        tmp_path,
+        stub,
+        module.format(name="arith", extra=', gate=Gate("exact_match,strict", min=0.9)'),
+        "--evalreplay-predictions=run",
+        "--evalreplay-output=replayed",
+    )
+    assert replay.returncode == pytest.ExitCode.TESTS_FAILED, replay.stdout[-3000:]
+    assert "exact_match,strict 0.2500 is below min 0.9" in replay.stdout
+    assert orjson.loads((tmp_path / "replayed" / "arith-metrics.json").read_bytes())["metrics"] == first
+    assert stub.received == asked
+
+
+def run_plugin_with(
+    project: Path, stub: StubServer, module: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    (project / "test_lm.py").write_text(module, encoding="utf-8")
+    cmd = [
+        *PYTEST,
+        "-rA",
+        "test_lm.py",
+        *provider_args(stub, args),
+        *args,
+    ]
+    env = child_env(**lm_eval_env(project / "hf"))
+    return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+
+
+@needs_lm_eval
+@pytest.mark.slow
+def test_a_kill_mid_run_then_resume_asks_only_what_was_in_flight(tmp_path: Path) -> None:
+    n = 60
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    for project in (clean, killed):
+        write_arith(project / "tasks", n=n)
+    with StubServer("stub-model") as stub:
+        done = run_plugin(clean, stub)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with StubServer("stub-model", delay=0.05) as stub:
+        (killed / "test_lm.py").write_text(MODULE.format(name="arith", extra=""), encoding="utf-8")
+        cmd = [
+            *PYTEST,
+            "-q",
+            "test_lm.py",
+            "--evalreplay-provider=openai",
+            "--evalreplay-model=stub-model",
+            f"--evalreplay-base-url={stub.url}",
+            "--evalreplay-output=run",
+            "--evalreplay-concurrency=2",
+        ]
+        env = child_env(**lm_eval_env(killed / "hf"))
+        proc = subprocess.Popen(
+            cmd, cwd=killed, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 120
+        while stub.answered < n // 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        before = stub.answered
+        saved = journaled_gens(killed)
+        assert 0 < len(saved) < n
+        resumed = subprocess.run(
+            [*cmd, "--resume"], cwd=killed, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        # asked again: only what the journal lacked (what was in flight at the kill, and the rest)
+        assert stub.answered - before == n - len(saved)
+        assert before - len(saved) <= 2 + 1  # in flight (concurrency 2) and the last answer's write
+    assert our_metrics(killed, "arith") == our_metrics(clean, "arith")
+
+
+def journaled_gens(project: Path) -> set[str]:
+    path = project / "run" / "arith-journal.jsonl"
+    lines = path.read_bytes().splitlines() if path.exists() else []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue  # a torn last line
+    return {r["instance_id"] for r in rows if r.get("type") == "gen"}
