@@ -73,6 +73,17 @@ metric_list:
     higher_is_better: true
 """
 
+TINY_PPL = """task: tiny_ppl
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {test}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+"""
+
 WORDS = "red green blue apple river stone cloud seven quick lazy bright narrow".split()  # noqa: SIM905
 
 
@@ -114,6 +125,18 @@ def write_tiny_mc(folder: Path, n: int = 16, seed: int = 1) -> Path:
     test = _jsonl(folder / "tiny_mc.jsonl", rows)
     yaml = folder / "tiny_mc.yaml"
     yaml.write_text(TINY_MC.format(test=test), encoding="utf-8")
+    return yaml
+
+
+def write_tiny_ppl(folder: Path, n: int = 10, seed: int = 2) -> Path:
+    """The loglikelihood_rolling task (lm-eval's default metrics: word and
+    byte perplexity, bits per byte); returns its YAML."""
+    rng = random.Random(seed)
+    rows = [{"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))} for _ in range(n)]
+    folder.mkdir(parents=True, exist_ok=True)
+    test = _jsonl(folder / "tiny_ppl.jsonl", rows)
+    yaml = folder / "tiny_ppl.yaml"
+    yaml.write_text(TINY_PPL.format(test=test), encoding="utf-8")
     return yaml
 
 

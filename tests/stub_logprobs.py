@@ -14,7 +14,9 @@ For lm-evaluation-harness's `local-completions` model with
 (`/tokenizer_info`, `/tokenize`, `/detokenize`): token ids are handed out in
 the order tokens are first seen, and a prompt given as token ids is echoed
 token by token. A request with `max_tokens: 1` (lm-eval's) gets one generated
-token after the echo, as a server appends it.
+token after the echo, as a server appends it. A stub made with `bos=True`
+tokenizes text prompts as a model with a start token does: `<s>` first
+(`/tokenizer_info` names it), as `vllm serve` adds it to a completions prompt.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def is_top(token: str, position: int) -> bool:
 
 
 GENERATED = "<gen>"  # the token a max_tokens >= 1 echo appends
+BOS = "<s>"  # a bos=True stub's start token
 _VOCAB: dict[str, int] = {}
 _WORDS: list[str] = []
 _VOCAB_LOCK = threading.Lock()
@@ -80,17 +83,17 @@ def echo_logprobs(prompt: str | list[str], generate: int = 0) -> dict[str, Any]:
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _prompts(value: Any) -> list[str | list[str]]:
-    """A completions body's prompts: a text, texts, token ids, or lists of them."""
-    if isinstance(value, str):
-        return [value]
+def _prompts(value: Any, bos: bool) -> list[str | list[str]]:
+    """A completions body's prompts: a text, texts, token ids, or lists of them
+    (token ids are the model's own: no start token is added to them)."""
     if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
         return [detokenize(value)]
-    return [detokenize(v) if isinstance(v, list) else v for v in value]
+    texts = [value] if isinstance(value, str) else value
+    return [detokenize(v) if isinstance(v, list) else ([BOS, *tokenize(v)] if bos else v) for v in texts]
 
 
-def echo_completion(body: dict[str, Any]) -> dict[str, Any]:
-    prompts = _prompts(body.get("prompt"))
+def echo_completion(body: dict[str, Any], bos: bool = False) -> dict[str, Any]:
+    prompts = _prompts(body.get("prompt"), bos)
     generate = min(int(body.get("max_tokens") or 0), 1)
     choices = [
         {

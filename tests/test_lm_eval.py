@@ -19,7 +19,14 @@ from pathlib import Path
 import orjson
 import pytest
 from http_stub import StubServer
-from lm_eval_tasks import lm_eval_command, lm_eval_env, lm_eval_results, write_arith, write_tiny_mc
+from lm_eval_tasks import (
+    lm_eval_command,
+    lm_eval_env,
+    lm_eval_results,
+    write_arith,
+    write_tiny_mc,
+    write_tiny_ppl,
+)
 from subprocess_pytest import PYTEST, child_env
 
 NEEDS = "lm-evaluation-harness is not installed (pip install 'pytest-evalreplay[lm-eval]')"
@@ -127,6 +134,24 @@ def test_multiple_choice_acc_and_acc_norm_match_lm_eval(tmp_path: Path, stub: St
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     replayed = orjson.loads((tmp_path / "replayed" / "tiny_mc-metrics.json").read_bytes())["metrics"]
     assert replayed == theirs
+
+
+@needs_lm_eval
+@pytest.mark.slow
+def test_loglikelihood_rolling_perplexities_match_lm_eval(tmp_path: Path, stub: StubServer) -> None:
+    stub.bos = True  # lm-eval prefixes the start token; the openai provider's echo has it from the server
+    write_tiny_ppl(tmp_path / "tasks")
+    done = run_plugin(tmp_path, stub, name="tiny_ppl")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = orjson.loads((tmp_path / "run" / "tiny_ppl-metrics.json").read_bytes())
+    theirs = as_ours(their_metrics(tmp_path, "tiny_ppl", stub))
+    assert set(doc["metrics"]) == {"word_perplexity", "byte_perplexity", "bits_per_byte"}
+    assert doc["metrics"] == pytest.approx(theirs, rel=1e-12)
+    assert doc["lm_eval"]["higher_is_better"] == {
+        "word_perplexity": False,
+        "byte_perplexity": False,
+        "bits_per_byte": False,
+    }
 
 
 @needs_lm_eval

@@ -23,7 +23,10 @@ from typing import Any
 from pytest_evalreplay.model import Context, EvalReplayError
 
 EXTRA = "pip install 'pytest-evalreplay[lm-eval]'"
-SERVED = ("generate_until", "multiple_choice", "loglikelihood")
+SERVED = ("generate_until", "multiple_choice", "loglikelihood", "loglikelihood_rolling")
+# lm-eval's aggregations the plugin reproduces (scoring.aggregate): the mean, and the perplexities
+# over per-document (loglikelihood, words or bytes) pairs.
+AGGREGATIONS = ("mean", "perplexity", "weighted_perplexity", "bits_per_byte")
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's API models' default max_gen_toks
 
 
@@ -189,14 +192,15 @@ def _refuse_unservable(task: Any, where: str) -> None:
             f"{where}: repeats: {repeats}; lm-eval's filters see all repeats of a document at once "
             "(majority vote), which EvalTask.from_lm_eval does not do yet: set repeats: 1"
         )
-    from lm_eval.api.metrics import mean
+    from lm_eval.api import metrics
 
+    known = [getattr(metrics, name) for name in AGGREGATIONS]
     for metric, fn in task.aggregation().items():
-        if fn is not mean:
+        if not any(fn is k for k in known):
             agg = getattr(fn, "__name__", repr(fn))
             raise EvalReplayError(
                 f"{where}: metric {metric!r} aggregates with {agg!r}; EvalTask.from_lm_eval supports "
-                "metrics aggregated by mean only (acc, exact_match, ...)"
+                f"metrics aggregated by {', '.join(AGGREGATIONS)} (acc, exact_match, word_perplexity, ...)"
             )
 
 
@@ -233,6 +237,10 @@ def _documents(task: Any, where: str) -> tuple[DocRequests, ...]:
         if task.OUTPUT_TYPE == "generate_until":
             context, gen_kwargs = first.args[0], first.args[1]
             out.append(DocRequests(doc_id, first.doc, _context(context), gen_kwargs=dict(gen_kwargs)))
+            continue
+        if task.OUTPUT_TYPE == "loglikelihood_rolling":
+            # The whole text after the model's start token: a loglikelihood with an empty context.
+            out.append(DocRequests(doc_id, first.doc, "", (first.args[0],)))
             continue
         contexts = {inst.args[0] for inst in instances}
         if len(contexts) != 1:

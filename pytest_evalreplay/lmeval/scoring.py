@@ -54,19 +54,58 @@ def score_document(
     for pipe in pipes:
         filtered = pipe.apply([[r] for r in responses], docs)
         for metric, value in task.process_results(doc, filtered).items():
-            scores[metric_name(metric, pipe.name)] = _number(value, metric)
+            scores.update(_numbers(value, metric_name(metric, pipe.name)))
     if not scores:
         raise EvalReplayError("lm-eval's process_results returned no metrics for this document")
     return scores
 
 
-def _number(value: Any, metric: str) -> float:
+def _numbers(value: Any, name: str) -> dict[str, float]:
+    """A per-document metric value as saved scores: a number under its name;
+    a pair of numbers (a perplexity's loglikelihood and word or byte count)
+    as `name:0` and `name:1`, joined again by `aggregate`."""
     if isinstance(value, numbers.Real):
-        return float(value)
+        return {name: float(value)}
+    if (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, numbers.Real) for v in value)
+    ):
+        return {f"{name}:{k}": float(v) for k, v in enumerate(value)}
     raise EvalReplayError(
-        f"lm-eval's process_results gave metric {metric!r} the value {value!r:.80}, not a number; "
-        "EvalTask.from_lm_eval saves one number per document and metric"
+        f"lm-eval's process_results gave metric {name!r} the value {value!r:.80}, not a number; "
+        "EvalTask.from_lm_eval saves one number (or a perplexity's pair) per document and metric"
     )
+
+
+def aggregate(
+    task: Any, per_instance: Mapping[str, Mapping[str, float]]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The task's metrics by lm-eval's `aggregation()` over the documents'
+    saved scores (in document order), and lm-eval's closed-form stderr where
+    it has one (the mean's; lm-eval bootstraps or leaves out the others)."""
+    from lm_eval.api.metrics import mean, mean_stderr
+
+    aggregations = task.aggregation()
+    columns: dict[str, list[Any]] = {}
+    for scores in per_instance.values():
+        pairs: dict[str, list[float]] = {}
+        for key, value in scores.items():
+            base, sep, part = key.rpartition(":")
+            if sep and part in ("0", "1"):
+                pairs.setdefault(base, [0.0, 0.0])[int(part)] = value
+            else:
+                columns.setdefault(key, []).append(value)
+        for base, pair in pairs.items():
+            columns.setdefault(base, []).append(tuple(pair))
+    values: dict[str, float] = {}
+    stderr: dict[str, float] = {}
+    for name, items in columns.items():
+        fn = aggregations.get(name.split(",")[0], mean)
+        values[name] = float(fn(items))
+        if fn is mean and len(items) > 1:
+            stderr[name] = float(mean_stderr(items))
+    return values, stderr
 
 
 def higher_is_better(task: Any, names: Sequence[str]) -> dict[str, bool]:

@@ -18,6 +18,7 @@ document is one loglikelihood request whose continuations are lm-eval's
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -208,6 +209,8 @@ class LmEvalMixin:
                     f"log-likelihoods for {len(doc.continuations)} continuations"
                 )
             responses = [(float(ll), bool(greedy)) for ll, greedy in loglikelihoods]
+            if loaded.output_type == "loglikelihood_rolling":
+                responses = [responses[0][0]]  # lm-eval's rolling answer: the log-likelihood alone
         try:
             return scoring.score_document(loaded.task, self._pipes, doc.doc, responses)
         except EvalReplayError as exc:
@@ -219,11 +222,25 @@ class LmEvalMixin:
     def postprocess(self, generation: Generation) -> Generation:
         return generation
 
-    def higher_is_better(self) -> dict[str, bool]:
-        """lm-eval's direction of each metric this task reports."""
-        loaded = self.lm_eval
-        names = [scoring.metric_name(m, p.name) for p in self._pipes for m in loaded.task.higher_is_better()]
-        return scoring.higher_is_better(loaded.task, names)
+    def aggregate_outcome(self, outcome: Any) -> Any:
+        """The session's numbers (a `TaskOutcome`) with lm-eval's aggregation:
+        each metric as `aggregation()` computes it over the documents (a
+        perplexity from its saved (loglikelihood, count) pairs, which leave the
+        metric table), the instance interval where the metric is a mean, and
+        under `lm_eval` lm-eval's stderr and `higher_is_better`."""
+        values, stderr = scoring.aggregate(self.lm_eval.task, outcome.instance_scores)
+        intervals = {k: v for k, v in outcome.intervals.items() if k in values}
+        extra = dict(outcome.extra)
+        extra["lm_eval"] = {
+            "task": self.lm_eval.name,
+            "output_type": self.lm_eval.output_type,
+            "n-shot": self.lm_eval.num_fewshot,
+            "stderr": stderr,
+            "higher_is_better": scoring.higher_is_better(self.lm_eval.task, list(values)),
+        }
+        return dataclasses.replace(
+            outcome, metrics={k: values[k] for k in sorted(values)}, intervals=intervals, extra=extra
+        )
 
 
 def _default_name(spec: str, path: Path | None) -> str:
