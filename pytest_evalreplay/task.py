@@ -263,6 +263,15 @@ class EvalTask:
             )
         self.choices = Choices.build(choices, delimiter, name)
 
+    @classmethod
+    def from_lm_eval(cls, task: str, **options: Any) -> EvalTask:
+        """An lm-evaluation-harness task, prompted and scored by lm-eval's own code,
+        loaded when collected (options: docs/lm_eval.md)."""
+        __tracebackhide__ = True
+        from pytest_evalreplay.lmeval.task import lm_eval_task
+
+        return lm_eval_task(cls, task, _caller(), **options)
+
     def __repr__(self) -> str:
         return f"EvalTask({self.name!r}, {len(self.instances)} instances, num_samples={self.num_samples})"
 

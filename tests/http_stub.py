@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from stub_logprobs import echo_completion
+from stub_logprobs import detokenize, echo_completion, token_ids
 
 STUB_MODEL = "stub-model"  # the name the stub serves unless told another
 
@@ -69,13 +69,13 @@ def answer_text(body: dict[str, Any], i: int) -> str:
     return f"{prompt}|seed={body.get('seed')}|i={i}"
 
 
-def completion(body: dict[str, Any]) -> dict[str, Any]:
+def completion(body: dict[str, Any], bos: bool = False) -> dict[str, Any]:
     """The deterministic 200 answer to a completions or chat body. A chat body
     with `tools` whose last message is not a tool result is answered with a
     call of its first tool, `{"text": <the last message's content>}`. An echo
     completions body is answered as `vllm serve` does (stub_logprobs.py)."""
     if body.get("echo") and "messages" not in body:
-        return echo_completion(body)
+        return echo_completion(body, bos)
     n = int(body.get("n", 1))
     chat = "messages" in body
     choices: list[dict[str, Any]] = []
@@ -134,7 +134,7 @@ class Answer(Action):
         stub = handler.stub
         if stub.delay > 0 and handler.wait(seconds=stub.delay) != "elapsed":
             return
-        payload = completion(body)
+        payload = completion(body, handler.stub.bos)
         stub._answered(handler.path, body)
         handler.reply(200, payload)
 
@@ -218,7 +218,7 @@ class Staggered(Action):
         seconds = self.low + (self.high - self.low) * (zlib.crc32(key) % 1000) / 1000
         if seconds > 0 and handler.wait(seconds=seconds) != "elapsed":
             return
-        payload = completion(body)
+        payload = completion(body, handler.stub.bos)
         handler.stub._answered(handler.path, body)
         handler.reply(200, payload)
 
@@ -240,7 +240,8 @@ class StubServer:
     - `hold_if`: a predicate on the request body; matching POSTs wait, in
       flight, until `release()` (or their client goes away, or `stop()`);
     - `models_status`: the HTTP status GET /v1/models answers with (200);
-    - `api_key`: when set, every request must carry `Authorization: Bearer <key>`.
+    - `api_key`: when set, every request must carry `Authorization: Bearer <key>`;
+    - `bos`: text prompts are tokenized with a start token first (stub_logprobs.py).
 
     What happened: `received`, `answered`, `in_flight`, `peak_in_flight`, `requests` (path,
     lower-cased headers, body) and `events` (dicts with an "event" key:
@@ -264,6 +265,7 @@ class StubServer:
         self.hold_if: Callable[[dict[str, Any]], bool] | None = None
         self.models_status = 200
         self.api_key: str | None = None
+        self.bos = False  # True: text prompts start with a start token, "<s>" (stub_logprobs.py)
         self.received = 0
         self.answered = 0
         self.in_flight = 0
@@ -481,6 +483,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if not self._authorized():
             return
+        if self.path.rstrip("/") == "/tokenizer_info":  # as vllm serve: lm-eval's remote tokenizer
+            self.reply(200, {"eos_token": None, "bos_token": "<s>" if stub.bos else None, "pad_token": None})
+            return
         if self.path.rstrip("/") != "/v1/models":
             self.reply(404, {"error": {"message": f"no route {self.path}", "code": 404}})
             return
@@ -504,6 +509,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.reply(400, {"error": {"message": "body is not JSON", "code": 400}})
             return
         if not self._authorized():
+            return
+        if self.path in ("/tokenize", "/detokenize") and isinstance(body, dict):
+            if self.path == "/tokenize":
+                self.reply(200, {"tokens": token_ids(str(body.get("prompt", "")))})
+            else:
+                self.reply(200, {"prompt": "".join(detokenize(list(body.get("tokens", []))))})
             return
         if self.path not in ("/v1/completions", "/v1/chat/completions") or not isinstance(body, dict):
             self.reply(404, {"error": {"message": f"no route {self.path}", "code": 404}})

@@ -244,6 +244,9 @@ class TaskRun(Rollouts):
             self._answer,
             from_journal,
         )
+        lm_eval = getattr(self.task, "aggregate_outcome", None)  # an lm-eval task's own aggregation
+        if lm_eval is not None:
+            self.outcome = lm_eval(self.outcome)
         return self.outcome
 
     def _answer(self, key: RolloutKey, gen: GenRef) -> Hashable:

@@ -1,0 +1,311 @@
+"""`EvalTask.from_lm_eval`: lm-evaluation-harness's tasks collected, asked
+and scored by lm-eval's own code (docs/lm_eval.md).
+
+The side-by-side tests run the same local-file task twice against one
+OpenAI-compatible stub (tests/http_stub.py): by `lm_eval --model
+local-completions`, and by the plugin with `--evalreplay-provider=openai`;
+the metric values must be identical. They need lm-eval (the `lm-eval`
+extra) and skip without it.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
+import orjson
+import pytest
+from http_stub import StubServer
+from lm_eval_tasks import (
+    lm_eval_command,
+    lm_eval_env,
+    lm_eval_results,
+    write_arith,
+    write_tiny_mc,
+    write_tiny_ppl,
+)
+from subprocess_pytest import PYTEST, child_env
+
+NEEDS = "lm-evaluation-harness is not installed (pip install 'pytest-evalreplay[lm-eval]')"
+needs_lm_eval = pytest.mark.skipif(find_spec("lm_eval") is None, reason=NEEDS)
+
+MODULE = """
+from pytest_evalreplay import EvalTask
+{name} = EvalTask.from_lm_eval("{name}", include_path="tasks/"{extra})
+"""
+
+
+def run_plugin(
+    project: Path,
+    stub: StubServer,
+    *args: str,
+    name: str = "arith",
+    extra: str = "",
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """pytest with the plugin on `project`'s test module, against the stub."""
+    (project / "test_lm.py").write_text(MODULE.format(name=name, extra=extra), encoding="utf-8")
+    cmd = [
+        *PYTEST,
+        "-q",
+        "test_lm.py",
+        *provider_args(stub, args),
+        *args,
+    ]
+    env = child_env(**lm_eval_env(project / "hf"), **(env or {}))
+    return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+
+
+def provider_args(stub: StubServer, args: tuple[str, ...]) -> list[str]:
+    """The stub as the provider, unless the run replays (`--evalreplay-predictions`)."""
+    out = [] if any(a.startswith("--evalreplay-output") for a in args) else ["--evalreplay-output=run"]
+    if any(a.startswith("--evalreplay-predictions") for a in args):
+        return out
+    return [
+        *out,
+        "--evalreplay-provider=openai",
+        "--evalreplay-model=stub-model",
+        f"--evalreplay-base-url={stub.url}",
+    ]
+
+
+def our_metrics(project: Path, task: str) -> dict[str, float]:
+    return orjson.loads((project / "run" / f"{task}-metrics.json").read_bytes())["metrics"]
+
+
+def their_metrics(project: Path, task: str, stub: StubServer, model: str = "local-completions") -> dict:
+    cmd = lm_eval_command(task, project / "tasks", project / "lm-eval-out", stub.url, model)
+    done = subprocess.run(cmd, env=lm_eval_env(project / "hf"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return lm_eval_results(project / "lm-eval-out")["results"][task]
+
+
+def as_ours(results: dict) -> dict[str, float]:
+    """lm-eval's `metric,filter` keys as the plugin names them (`none` dropped), stderrs left out."""
+    out = {}
+    for key, value in results.items():
+        if "," not in key or "_stderr," in key:
+            continue
+        metric, filt = key.split(",", 1)
+        out[metric if filt == "none" else key] = value
+    return out
+
+
+@needs_lm_eval
+@pytest.mark.slow
+def test_generate_until_with_few_shot_and_regex_filters_matches_lm_eval(
+    tmp_path: Path, stub: StubServer
+) -> None:
+    write_arith(tmp_path / "tasks")
+    done = run_plugin(tmp_path, stub)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ours = our_metrics(tmp_path, "arith")
+    theirs = as_ours(their_metrics(tmp_path, "arith", stub))
+    assert set(ours) == {"exact_match,strict", "exact_match,flexible"}
+    assert ours == theirs
+    assert 0 < ours["exact_match,strict"] < 1  # the regex found answers, and not all right
+    # lm-eval's own --log_samples output replays into the same task: the same numbers, no model asked
+    asked = stub.received
+    samples = next((tmp_path / "lm-eval-out").iterdir())
+    done = run_plugin(tmp_path, stub, f"--evalreplay-predictions={samples}", "--evalreplay-output=replayed")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    replayed = orjson.loads((tmp_path / "replayed" / "arith-metrics.json").read_bytes())["metrics"]
+    assert replayed == theirs and stub.received == asked
+
+
+@needs_lm_eval
+@pytest.mark.slow
+def test_multiple_choice_acc_and_acc_norm_match_lm_eval(tmp_path: Path, stub: StubServer) -> None:
+    write_tiny_mc(tmp_path / "tasks")
+    done = run_plugin(tmp_path, stub, name="tiny_mc")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ours = our_metrics(tmp_path, "tiny_mc")
+    theirs = as_ours(their_metrics(tmp_path, "tiny_mc", stub))
+    assert set(ours) == {"acc", "acc_norm"}
+    assert ours == theirs
+    assert ours["acc"] != ours["acc_norm"]
+    samples = next((tmp_path / "lm-eval-out").iterdir())
+    done = run_plugin(
+        tmp_path, stub, f"--evalreplay-predictions={samples}", "--evalreplay-output=replayed", name="tiny_mc"
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    replayed = orjson.loads((tmp_path / "replayed" / "tiny_mc-metrics.json").read_bytes())["metrics"]
+    assert replayed == theirs
+
+
+@needs_lm_eval
+@pytest.mark.slow
+def test_loglikelihood_rolling_perplexities_match_lm_eval(tmp_path: Path, stub: StubServer) -> None:
+    stub.bos = True  # lm-eval prefixes the start token; the openai provider's echo has it from the server
+    write_tiny_ppl(tmp_path / "tasks")
+    done = run_plugin(tmp_path, stub, name="tiny_ppl")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = orjson.loads((tmp_path / "run" / "tiny_ppl-metrics.json").read_bytes())
+    theirs = as_ours(their_metrics(tmp_path, "tiny_ppl", stub))
+    assert set(doc["metrics"]) == {"word_perplexity", "byte_perplexity", "bits_per_byte"}
+    assert doc["metrics"] == pytest.approx(theirs, rel=1e-12)
+    assert doc["lm_eval"]["higher_is_better"] == {
+        "word_perplexity": False,
+        "byte_perplexity": False,
+        "bits_per_byte": False,
+    }
+
+
+@needs_lm_eval
+def test_items_are_one_per_document_named_by_doc_id(tmp_path: Path, stub: StubServer) -> None:
+    write_arith(tmp_path / "tasks", n=5)
+    done = run_plugin(tmp_path, stub, "--collect-only")
+    assert done.returncode == 0, done.stdout + done.stderr
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    assert ids == [f"test_lm.py::arith::{i}[s1-r0]" for i in range(5)]
+
+
+BROKEN = {
+    "unknown task": ("nope", "", "lm-eval task 'nope': lm-eval knows no task, group or tag of that name"),
+    "dataset not loadable": (
+        "arith",
+        "missing-data",
+        "lm-eval task 'arith': its dataset could not be loaded (",
+    ),
+    "repeats": ("arith", "repeats: 3", "lm-eval task 'arith': repeats: 3; lm-eval's filters see all repeats"),
+    "median aggregation": (
+        "arith",
+        "aggregation: median",
+        "lm-eval task 'arith': metric 'exact_match' aggregates with 'median'",
+    ),
+}
+
+
+@needs_lm_eval
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_task_lm_eval_cannot_give_us_is_a_collection_error_naming_it(
+    tmp_path: Path, stub: StubServer, case: str
+) -> None:
+    name, edit, message = BROKEN[case]
+    yaml = write_arith(tmp_path / "tasks", n=3)
+    text = yaml.read_text(encoding="utf-8")
+    if edit == "missing-data":
+        text = text.replace("arith_test.jsonl", "gone.jsonl")
+    elif edit.startswith("aggregation"):
+        text = text.replace("aggregation: mean", edit)
+    elif edit:
+        text += edit + "\n"
+    yaml.write_text(text, encoding="utf-8")
+    done = run_plugin(tmp_path, stub, "--collect-only", name=name)
+    out = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert message in out, out
+    assert "Traceback" not in out and "lm_eval/" not in out and "pytest_evalreplay/" not in out, out
+    assert stub.received == 0
+
+
+def test_without_lm_eval_the_task_is_a_collection_error_naming_the_extra(
+    tmp_path: Path, stub: StubServer
+) -> None:
+    fake = tmp_path / "no-lm-eval" / "lm_eval"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'lm_eval'\")\n", encoding="utf-8")
+    done = run_plugin(tmp_path, stub, "--collect-only", env={"PYTHONPATH": str(fake.parent)})
+    out = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "lm-eval task 'arith': EvalTask.from_lm_eval needs lm-evaluation-harness" in out, out
+    assert "pip install 'pytest-evalreplay[lm-eval]'" in out, out
+    assert "Traceback" not in out, out
+
+
+@needs_lm_eval
+def test_replay_of_our_run_dir_and_a_gate_on_lm_eval_metric_names(tmp_path: Path, stub: StubServer) -> None:
+    write_arith(tmp_path / "tasks", n=12)
+    module = "from pytest_evalreplay import Gate\n" + MODULE
+    done = run_plugin_with(
+        tmp_path, stub, module.format(name="arith", extra=', gate=Gate("exact_match,strict", min=0.2)')
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "PASSED test_lm.py::arith::gate" in done.stdout
+    first = our_metrics(tmp_path, "arith")
+    asked = stub.received
+    replay = run_plugin_with(
+        tmp_path,
+        stub,
+        module.format(name="arith", extra=', gate=Gate("exact_match,strict", min=0.9)'),
+        "--evalreplay-predictions=run",
+        "--evalreplay-output=replayed",
+    )
+    assert replay.returncode == pytest.ExitCode.TESTS_FAILED, replay.stdout[-3000:]
+    assert "exact_match,strict 0.2500 is below min 0.9" in replay.stdout
+    assert orjson.loads((tmp_path / "replayed" / "arith-metrics.json").read_bytes())["metrics"] == first
+    assert stub.received == asked
+
+
+def run_plugin_with(
+    project: Path, stub: StubServer, module: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    (project / "test_lm.py").write_text(module, encoding="utf-8")
+    cmd = [
+        *PYTEST,
+        "-rA",
+        "test_lm.py",
+        *provider_args(stub, args),
+        *args,
+    ]
+    env = child_env(**lm_eval_env(project / "hf"))
+    return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+
+
+@needs_lm_eval
+@pytest.mark.slow
+def test_a_kill_mid_run_then_resume_asks_only_what_was_in_flight(tmp_path: Path) -> None:
+    n = 60
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    for project in (clean, killed):
+        write_arith(project / "tasks", n=n)
+    with StubServer("stub-model") as stub:
+        done = run_plugin(clean, stub)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with StubServer("stub-model", delay=0.05) as stub:
+        (killed / "test_lm.py").write_text(MODULE.format(name="arith", extra=""), encoding="utf-8")
+        cmd = [
+            *PYTEST,
+            "-q",
+            "test_lm.py",
+            "--evalreplay-provider=openai",
+            "--evalreplay-model=stub-model",
+            f"--evalreplay-base-url={stub.url}",
+            "--evalreplay-output=run",
+            "--evalreplay-concurrency=2",
+        ]
+        env = child_env(**lm_eval_env(killed / "hf"))
+        proc = subprocess.Popen(
+            cmd, cwd=killed, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 120
+        while stub.answered < n // 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        before = stub.answered
+        saved = journaled_gens(killed)
+        assert 0 < len(saved) < n
+        resumed = subprocess.run(
+            [*cmd, "--resume"], cwd=killed, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        # asked again: only what the journal lacked (what was in flight at the kill, and the rest)
+        assert stub.answered - before == n - len(saved)
+        assert before - len(saved) <= 2 + 1  # in flight (concurrency 2) and the last answer's write
+    assert our_metrics(killed, "arith") == our_metrics(clean, "arith")
+
+
+def journaled_gens(project: Path) -> set[str]:
+    path = project / "run" / "arith-journal.jsonl"
+    lines = path.read_bytes().splitlines() if path.exists() else []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue  # a torn last line
+    return {r["instance_id"] for r in rows if r.get("type") == "gen"}
