@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_evalreplay import judges, scorers
+    from pytest_evalreplay.gate import Gate
     from pytest_evalreplay.model import (
         EvalReplayError,
         Generation,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from pytest_evalreplay.run.execution import RolloutResult
     from pytest_evalreplay.run.offline import EvalResult
     from pytest_evalreplay.stages import EloEval, Reference, Stage
-    from pytest_evalreplay.task import EvalTask, Gate
+    from pytest_evalreplay.task import EvalTask
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -38,7 +39,7 @@ _EXPORTS: dict[str, str] = {
     "EvalReplayError": "pytest_evalreplay.model",
     "EvalResult": "pytest_evalreplay.run.offline",
     "EvalTask": "pytest_evalreplay.task",
-    "Gate": "pytest_evalreplay.task",
+    "Gate": "pytest_evalreplay.gate",
     "Generation": "pytest_evalreplay.model",
     "GenerationError": "pytest_evalreplay.model",
     "LoglikelihoodProvider": "pytest_evalreplay.model",

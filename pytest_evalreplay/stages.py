@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_evalreplay.gate import Gate
 from pytest_evalreplay.judges import LlmJudge, validate_judge
 from pytest_evalreplay.model import TASK_NAME, EvalReplayError, digest
-from pytest_evalreplay.task import EvalTask, Gate, validate_task_name
+from pytest_evalreplay.task import EvalTask, validate_task_name
 
 # References' saved answers are fingerprinted by content up to this size (by
 # size and modification time above it), so a clone of the project resumes.
