@@ -2,9 +2,12 @@
 without pytest (a CI step after the eval job, or a look at two old runs).
 `python -m pytest_evalreplay merge OUT SHARD_DIR...`: join the output dirs of
 `--evalreplay-shard=K/N` runs into one (see docs/scale.md).
+`python -m pytest_evalreplay view RUN_DIR [--compare BASE] -o report.html`:
+the run as one self-contained HTML file (see docs/report.md).
 
-Exit status: 0 when the comparison was printed (regressions included: gating
-is the gate item's job), 2 on a bad argument, path or file (one line on stderr).
+Exit status: 0 when the comparison was printed (regressions included, unless
+`--fail-on-regression`: then 1 on a significant drop), 2 on a bad argument,
+path or file (one line on stderr).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_evalreplay.model import EvalReplayError
-from pytest_evalreplay.report.compare import compare_run_dirs
+from pytest_evalreplay.report.compare import RunComparison, compare_run_dirs
 from pytest_evalreplay.report.compare_render import render_markdown, render_text
 from pytest_evalreplay.storage.files import atomic_write
 
@@ -78,6 +81,31 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A",
         help="the paired test's one-sided level, as the gate's alpha (default 0.05: a 90%% interval)",
     )
+    compare.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 1 when a gated metric (--gated; without it, every metric) dropped significantly",
+    )
+    compare.add_argument(
+        "--gated",
+        action="append",
+        default=[],
+        metavar="[TASK:]METRIC",
+        help="a metric --fail-on-regression checks (repeatable; TASK: limits it to one task)",
+    )
+    view = commands.add_parser(
+        "view",
+        help="write a run dir as one self-contained HTML report",
+        description="Write RUN_DIR as one HTML file that opens offline (no network, everything inline): "
+        "the overview with intervals, every sample, agent episodes, judging, pass@k curves and, with "
+        "--compare, what changed against BASE. Needs jinja2: pip install 'pytest-evalreplay[html]'.",
+    )
+    view.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run dir to show")
+    view.add_argument("--compare", type=Path, metavar="BASE", help="a run dir to compare RUN_DIR with")
+    view.add_argument(
+        "-o", "--output", type=Path, default=Path("report.html"), metavar="FILE", help="default report.html"
+    )
+    view.add_argument("--alpha", type=_alpha, default=0.05, metavar="A", help="as compare's (default 0.05)")
     merge = commands.add_parser(
         "merge",
         help="join the output dirs of --evalreplay-shard=K/N runs into one",
@@ -121,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return merge_main(
             args.out, args.shards, rest or [], rescore=args.rescore, allow_missing=args.allow_missing
         )
+    if args.command == "view":
+        return view_main(args.run_dir, args.compare, args.output, args.alpha)
     try:
         cmp = compare_run_dirs(args.base, args.new, args.alpha)
         lines = render_text(cmp, top=args.top)
@@ -129,11 +159,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EvalReplayError as exc:
         print(f"{PROG} compare: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    drops = significant_drops(cmp, args.gated) if args.fail_on_regression else []
+    lines += [f"regression: {d}" for d in drops]
     try:
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:  # `... | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1 if drops else 0
+
+
+def significant_drops(cmp: RunComparison, gated: Sequence[str]) -> list[str]:
+    """The metrics (those named in `gated`, as METRIC or TASK:METRIC; without
+    any, every one) whose paired test says the new run dropped (p < alpha)."""
+    wanted = [g.rpartition(":")[::2] for g in gated]  # (task or "", metric)
+    out = []
+    for task in cmp.tasks:
+        for m in task.metrics:
+            named = not wanted or any(m.metric == metric and t in ("", task.task) for t, metric in wanted)
+            if named and m.paired.significant_drop:
+                out.append(f"{task.task} {m.metric}: {m.paired.describe()}")
+    return out
+
+
+def view_main(run_dir: Path, base: Path | None, output: Path, alpha: float) -> int:
+    """Write the HTML report of `run_dir` to `output`; 2 with one line on stderr when it cannot be."""
+    from pytest_evalreplay.report.html import write_report
+
+    try:
+        size = write_report(output, run_dir, base, alpha=alpha, option="-o")
+    except EvalReplayError as exc:
+        print(f"{PROG} view: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    print(f"wrote {output} ({size:,} bytes): open it in a browser (it needs no network)")
     return 0
 
 
