@@ -29,6 +29,7 @@ class Settings:
     concurrency: int = DEFAULT_CONCURRENCY
     output: Path | None = None
     report: Path | None = None
+    html: Path | None = None  # --evalreplay-html: the HTML report written at the end
     compare: Path | None = None
     resume: bool = False
     max_attempts: int = DEFAULT_MAX_ATTEMPTS

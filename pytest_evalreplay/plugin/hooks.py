@@ -418,6 +418,26 @@ class EvalReplayPlugin:
                     terminalreporter.write_line(
                         f"evalreplay: report appended to $GITHUB_STEP_SUMMARY ({where})"
                     )
+        if self.settings.html is not None:
+            self._write_html(terminalreporter, self.settings.html)
+
+    def _write_html(self, terminalreporter: pytest.TerminalReporter, path: Path) -> None:
+        """The HTML report of the run dir this session wrote (with the gates'
+        verdicts, which the run dir does not keep), or a line saying why not."""
+        from pytest_evalreplay.report.html import write_report
+
+        run_dir = self.summary.run_dir
+        if run_dir is None or not self.summary.docs:
+            terminalreporter.write_line("evalreplay: HTML report not written: this session ran no eval task")
+            return
+        try:
+            size = write_report(
+                path, Path(run_dir), self.settings.compare, self.summary.gates, option="--evalreplay-html"
+            )
+        except (EvalReplayError, OSError) as exc:
+            terminalreporter.write_line(f"evalreplay: HTML report not written: {exc}")
+        else:
+            terminalreporter.write_line(f"evalreplay: HTML report written to {path} ({size:,} bytes)")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._gc_thresholds is not None:

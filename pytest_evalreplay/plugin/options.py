@@ -123,6 +123,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("report", "path", "also write the summary, gates and comparison as Markdown to FILE", "FILE"),
     Option(
+        "html",
+        "path",
+        "also write the run dir as one self-contained HTML report to FILE (with --evalreplay-compare: "
+        "the comparison too; needs pytest-evalreplay[html])",
+        "FILE",
+    ),
+    Option(
         "compare",
         "path",
         "compare this run with a saved run dir: metric differences with paired "
@@ -364,6 +371,7 @@ def resolve(config: pytest.Config) -> Settings:
         concurrency=read.number("concurrency", int, 1, DEFAULT_CONCURRENCY),
         output=read.path("output"),
         report=read.path("report"),
+        html=read.path("html"),
         compare=read.path("compare"),
         resume=read.flag("resume") or read.flag("no-generate"),
         no_generate=read.flag("no-generate"),

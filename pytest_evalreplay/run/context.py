@@ -88,6 +88,7 @@ class RunContext:
                 out,
                 writes={
                     "report": self.settings.report,
+                    "html": self.settings.html,
                     "baseline": self.settings.baseline if self.settings.update_baseline else None,
                 },
                 reads={"compare": self.settings.compare},
