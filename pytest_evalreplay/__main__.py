@@ -171,8 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def significant_drops(cmp: RunComparison, gated: Sequence[str]) -> list[str]:
     """The metrics (those named in `gated`, as METRIC or TASK:METRIC; without
-    any, every one) whose paired test says the new run dropped (p < alpha)."""
-    wanted = [g.rpartition(":")[::2] for g in gated]  # (task or "", metric)
+    any, every one) whose paired test says the new run dropped (p < alpha).
+    A metric's own name may hold ":" (`pass@4:right`): a prefix is a task
+    only where it names one of the compared tasks."""
+    names = {t.task for t in cmp.tasks}
+    wanted = [(t, m) if t in names else ("", g) for g in gated for t, _, m in [g.partition(":")]]
     out = []
     for task in cmp.tasks:
         for m in task.metrics:

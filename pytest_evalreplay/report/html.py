@@ -36,9 +36,7 @@ def render(data: Mapping[str, Any]) -> str:
     try:
         import jinja2
     except ImportError:
-        raise EvalReplayError(
-            f"the HTML report needs jinja2, which is not installed: {INSTALL}"
-        ) from None
+        raise EvalReplayError(f"the HTML report needs jinja2, which is not installed: {INSTALL}") from None
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         autoescape=True,

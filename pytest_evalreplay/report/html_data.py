@@ -37,7 +37,7 @@ from pytest_evalreplay.storage.runschema import (
 
 FORMAT = "evalreplay-html/1"
 _ITEM = re.compile(r"^(?P<iid>.*)\[s(?P<stage>\d+)-r(?P<rollout>\d+)\]$")
-_SAMPLE_METRIC = re.compile(r"^(?P<family>pass|maj)@(?P<k>\d+)$")
+_SAMPLE_METRIC = re.compile(r"^(?P<family>pass|maj)@(?P<k>\d+)(?P<of>:.+)?$")
 Gates = Mapping[str, tuple[bool, str]]
 
 
@@ -189,7 +189,8 @@ def _samples(
         if not (isinstance(per_sample, list) and len(per_sample) == len(rollouts)):
             per_sample = [None] * len(rollouts)
         gens = [
-            _generation(g, r, s, where) for g, r, s in zip(fields.generations, rollouts, per_sample, strict=True)
+            _generation(g, r, s, where)
+            for g, r, s in zip(fields.generations, rollouts, per_sample, strict=True)
         ]
         scores = row.get("scores") if isinstance(row.get("scores"), dict) else {}
         samples.append(_sample(key, requests.get(key, {}), gens, scores, failed.get(key, set())))
@@ -199,7 +200,11 @@ def _samples(
 
 
 def _sample(
-    key: tuple[int, str], request: Mapping[str, Any], gens: list[dict[str, Any]], scores: Any, failed: set[int]
+    key: tuple[int, str],
+    request: Mapping[str, Any],
+    gens: list[dict[str, Any]],
+    scores: Any,
+    failed: set[int],
 ) -> dict[str, Any]:
     unscored = [g["r"] for g in gens if g["scores"] is None]
     return {
@@ -288,13 +293,13 @@ def _elo_view(elo: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _curves(metrics: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """pass@k and maj@k by family, k ascending (a curve needs two points)."""
+    """pass@k and maj@k by family ("pass@k", "maj@k:right"), k ascending."""
     families: dict[str, list[dict[str, Any]]] = {}
     for m in metrics:
         match = _SAMPLE_METRIC.match(m["name"])
         if match is not None:
-            point = {"k": int(match["k"]), "value": m["value"], "ci95": m["ci95"]}
-            families.setdefault(match["family"], []).append(point)
+            point = {"k": int(match["k"]), "name": m["name"], "value": m["value"], "ci95": m["ci95"]}
+            families.setdefault(f"{match['family']}@k{match['of'] or ''}", []).append(point)
     return {f: sorted(ps, key=lambda p: p["k"]) for f, ps in families.items() if ps}
 
 

@@ -1,6 +1,6 @@
 // The report's views, rendered on demand from the embedded JSON. Every text
 // from a model, a tool or a dataset is set with textContent (el/append below),
-// never as markup, so a prompt holding <script> is shown and never run.
+// never as markup, so a prompt holding a script element is shown and never run.
 (function () {
   "use strict";
   const DATA = JSON.parse(document.getElementById("evalreplay-data").textContent);
@@ -369,8 +369,8 @@
     for (const t of TASKS.filter((x) => Object.keys(x.curves).length)) {
       out.push(el("h2", {}, t.name));
       for (const [family, points] of Object.entries(t.curves)) {
-        out.push(el("h3", {}, family + "@k"), chart(points.map((p) => ({ x: p.k, y: p.value, lo: (p.ci95 || [])[0], hi: (p.ci95 || [])[1],
-          label: family + "@" + p.k + " = " + fmt(p.value) })), { cls: "curve", xlabel: "k", unit: true }));
+        out.push(el("h3", {}, family), chart(points.map((p) => ({ x: p.k, y: p.value, lo: (p.ci95 || [])[0], hi: (p.ci95 || [])[1],
+          label: p.name + " = " + fmt(p.value) })), { cls: "curve", xlabel: "k", unit: true }));
       }
     }
     return out.length ? out : [el("p", {}, "no pass@k or maj@k metrics in this run")];
