@@ -12,7 +12,7 @@
   if (DATA.compare) {
     for (const t of DATA.compare.tasks) FLIPS.set(t.task, new Set(t.flips.map((f) => f.instance_id)));
   }
-  const state = { task: null, filter: "all", search: "", min: "", max: "", sort: null, desc: false, shown: PAGE };
+  const state = { task: null, metric: null, filter: "all", search: "", min: "", max: "", sort: null, desc: false, shown: PAGE };
   const searchText = new WeakMap();
 
   function append(node, kids) {
@@ -73,7 +73,11 @@
     return i >= 0 && s.choices ? s.choices[i] : gen.text;
   }
   function mainMetric(task) {
-    return task.metrics.length ? task.metrics[0].name : null;
+    // The one chosen in the samples view, else the first that reads as a share
+    // right (a value in [0, 1], not pass@k / maj@k), else the first.
+    if (task.metrics.some((m) => m.name === state.metric)) return state.metric;
+    const share = task.metrics.find((m) => !/^(pass|maj)@/.test(m.name) && m.value >= 0 && m.value <= 1);
+    return share ? share.name : task.metrics.length ? task.metrics[0].name : null;
   }
   function mainScore(task, scores) {
     if (!scores) return undefined;
@@ -225,11 +229,13 @@
       input.addEventListener("change", (e) => { state[key] = e.target.value; rerender(); });
       return input;
     };
+    const metric = el("select", { id: "metric", onchange: (e) => { state.metric = e.target.value; rerender(); } },
+      task.metrics.map((m) => el("option", { value: m.name, selected: m.name === mainMetric(task) }, m.name)));
     return [
       el("div", { class: "controls" },
         TASKS.map((t) => el("a", { href: "#samples/" + encodeURIComponent(t.name), class: t === task ? "chip good" : "chip" }, t.name)),
       ),
-      el("div", { class: "controls" }, "show ", filter, " score ", bound("min", "min", "min"), " to ", bound("max", "max", "max"), search,
+      el("div", { class: "controls" }, "show ", filter, " by ", metric, " from ", bound("min", "min", "min"), " to ", bound("max", "max", "max"), search,
         el("span", { id: "count" }, rows.length + " of " + task.samples.length + " samples")),
       el("table", { id: "samples", "data-task": task.name },
         el("thead", {}, el("tr", {}, header("id", "id"), header("stage", "stage", "num"), el("th", {}, "prompt"),
@@ -384,12 +390,13 @@
     if (c.only_new.length) out.push(el("p", {}, "only in new: " + c.only_new.join(", ")));
     for (const t of c.tasks) {
       out.push(el("h2", {}, t.task), el("p", { class: "muted" }, t.num_both + " scored in both (base " + t.num_base + ", new " + t.num_new + ")"));
-      out.push(el("table", { class: "diffs" }, el("tr", {}, ["metric", "base", "new", "new - base", "paired", "interval", "p (drop)", ""].map((h) => el("th", {}, h))),
+      out.push(el("table", { class: "diffs" }, el("tr", {}, ["metric", "base", "new", "new - base", "paired change (units)", "interval", "p (drop)", ""].map((h) => el("th", {}, h))),
         t.metrics.map((m) => {
           const p = m.paired;
-          const drop = p.p_value < p.alpha, gain = typeof p.lo === "number" && p.lo > 0;
+          const drop = p.significant_drop, gain = p.significant_gain;
           return el("tr", { class: "diff", "data-metric": m.metric }, el("td", {}, m.metric), el("td", { class: "num" }, fmt(m.base)), el("td", { class: "num" }, fmt(m.new)),
-            el("td", { class: "num" }, fmt(m.delta)), el("td", {}, p.name + " " + fmt(p.estimate)), el("td", {}, interval([p.lo, p.hi])),
+            el("td", { class: "num" }, fmt(m.delta)), el("td", {}, p.test + " " + fmt(p.estimate) + " (" + p.n + ")"),
+            el("td", {}, interval([p.lo, p.hi]) + " at " + Math.round(p.confidence * 100) + "%"),
             el("td", { class: "num" }, fmt(p.p_value)), el("td", { class: drop ? "bad" : gain ? "good" : "" }, drop ? "significant drop" : gain ? "significant gain" : ""));
         })));
       if (!t.flips.length) continue;
