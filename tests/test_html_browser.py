@@ -204,3 +204,13 @@ def test_pass_at_k_and_the_comparison(open_report, pytester, monkeypatch) -> Non
     flipped = sorted(page.locator("tr.sample-row").evaluate_all("r => r.map(x => x.dataset.id)"))
     assert flipped == sorted({"q00", "q02", *WRONG})
     opened.check_quiet()
+
+
+def test_the_benchmark_runs_small(browser, capsys) -> None:
+    pytest.importorskip("benchmarks.html_report")
+    from benchmarks.html_report import main
+
+    result = main(["--samples", "200", "--runs", "1"])
+    assert result["shown_after_filter"] == "10 of 200 samples"  # every 20th has a failed rollout
+    assert result["first_render_ms"] > 0 and result["baseline_parse_ms"] > 0
+    assert "for the bare parse" in capsys.readouterr().out

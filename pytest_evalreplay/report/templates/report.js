@@ -432,6 +432,7 @@
     view.replaceChildren(...[render()].flat(Infinity).filter(Boolean));
     view.setAttribute("data-view", name);
     document.body.setAttribute("data-ready", "1");
+    if (window.EVALREPLAY_FIRST_RENDER === undefined) window.EVALREPLAY_FIRST_RENDER = performance.now();  // benchmarks/
   }
   window.addEventListener("hashchange", route);
   route();
