@@ -122,16 +122,28 @@ def open_ms(page: Any, url: str) -> float:
     return float(page.evaluate("() => window.EVALREPLAY_FIRST_RENDER"))
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None, browser: Any = None) -> dict[str, Any]:
+    """Measure, in `browser` (a Playwright browser; None: launch Chromium here)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
-    from playwright.sync_api import sync_playwright
+    if browser is None:
+        from playwright.sync_api import sync_playwright
 
+        with sync_playwright() as pw:
+            launched = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                return measure(samples, args.runs, launched)
+            finally:
+                launched.close()
+    return measure(samples, args.runs, browser)
+
+
+def measure(samples: int, runs: int, browser: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        write_run_dir(root / "run", args.samples)
+        write_run_dir(root / "run", samples)
         t0 = time.perf_counter()
         size = write_report(root / "report.html", root / "run")
         write_s = time.perf_counter() - t0
@@ -139,10 +151,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         (root / "baseline.html").write_text(baseline, encoding="utf-8")
         report_url, baseline_url = (root / "report.html").as_uri(), (root / "baseline.html").as_uri()
         first, base_first, filt, base_filt = [], [], [], []
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page()
-            for _ in range(args.runs):
+        page = browser.new_page()
+        try:
+            for _ in range(runs):
                 first.append(open_ms(page, report_url))
                 page.evaluate("() => { location.hash = 'samples/big'; }")
                 page.wait_for_selector("#filter")
@@ -161,11 +172,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "() => { const t = performance.now(); FILTER(); return performance.now() - t; }"
                     )
                 )
-            browser.close()
+        finally:
+            page.close()
     result = {
-        "samples": args.samples,
+        "samples": samples,
         "bytes": size,
-        "bytes_per_sample": size / args.samples,
+        "bytes_per_sample": size / samples,
         "write_s": write_s,
         "first_render_ms": statistics.median(first),
         "baseline_parse_ms": statistics.median(base_first),
@@ -177,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ok = result["first_render_ratio"] <= FIRST_RENDER_GOAL and result["filter_ms"] <= FILTER_GOAL_MS
     result["goals_met"] = ok
     print(
-        f"report of {args.samples:,} samples: {size / 1e6:.1f} MB "
+        f"report of {samples:,} samples: {size / 1e6:.1f} MB "
         f"({result['bytes_per_sample']:.0f} bytes a sample), written in {write_s:.2f} s"
     )
     print(

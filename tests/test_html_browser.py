@@ -210,7 +210,7 @@ def test_the_benchmark_runs_small(browser, capsys) -> None:
     pytest.importorskip("benchmarks.html_report")
     from benchmarks.html_report import main
 
-    result = main(["--samples", "200", "--runs", "1"])
+    result = main(["--samples", "200", "--runs", "1"], browser)
     assert result["shown_after_filter"] == "10 of 200 samples"  # every 20th has a failed rollout
     assert result["first_render_ms"] > 0 and result["baseline_parse_ms"] > 0
     assert "for the bare parse" in capsys.readouterr().out
