@@ -134,10 +134,10 @@ def main(argv: list[str] | None = None, browser: Any = None) -> dict[str, Any]:
         with sync_playwright() as pw:
             launched = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             try:
-                return measure(samples, args.runs, launched)
+                return measure(args.samples, args.runs, launched)
             finally:
                 launched.close()
-    return measure(samples, args.runs, browser)
+    return measure(args.samples, args.runs, browser)
 
 
 def measure(samples: int, runs: int, browser: Any) -> dict[str, Any]:
