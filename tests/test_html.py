@@ -265,3 +265,26 @@ def test_under_xdist_the_controller_writes_the_report(pytester: pytest.Pytester)
     result.stdout.fnmatch_lines(["evalreplay: HTML report written to */r.html (*bytes)"])
     data = payload((pytester.path / "r.html").read_text())
     assert sorted(s["id"] for s in data["tasks"][0]["samples"] if s["failed"]) == sorted(FAILED)
+
+
+def test_after_a_merge_the_report_shows_the_merged_dir(pytester: pytest.Pytester) -> None:
+    import contextlib
+    import io
+
+    make_project(pytester)
+    for k in (1, 2):
+        pytester.runpytest_inprocess(
+            f"--evalreplay-output=s{k}", "-p", "no:randomly", f"--evalreplay-shard={k}/2"
+        )
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(
+            ["merge", "merged", "s1", "s2", "--", "-p", "no:randomly", "--evalreplay-html=merged.html"]
+        )
+    assert code == 1, stderr.getvalue()  # the failed items and the gate fail, as in one run
+    assert f"evalreplay: HTML report written to {pytester.path / 'merged.html'}" in stdout.getvalue()
+    data = payload((pytester.path / "merged.html").read_text())
+    assert data["run_dir"] == str(pytester.path / "merged")
+    (task,) = data["tasks"]
+    assert len(task["samples"]) == 13 and task["counts"]["failed"] == 4
+    assert sorted(s["id"] for s in task["samples"] if s["failed"]) == sorted(FAILED)
