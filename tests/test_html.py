@@ -288,3 +288,20 @@ def test_after_a_merge_the_report_shows_the_merged_dir(pytester: pytest.Pytester
     (task,) = data["tasks"]
     assert len(task["samples"]) == 13 and task["counts"]["failed"] == 4
     assert sorted(s["id"] for s in task["samples"] if s["failed"]) == sorted(FAILED)
+
+
+def test_a_resumed_episode_says_where_it_went_live(pytester: pytest.Pytester) -> None:
+    shutil.copytree(SAVED.parent, pytester.path, dirs_exist_ok=True)
+    pytester.runpytest_inprocess("test_agent.py", "--evalreplay-output=run", "-p", "no:randomly")
+    journal = pytester.path / "run" / "calculator-turns-journal.jsonl"
+    lines = journal.read_bytes().splitlines()
+    first = next(i for i, line in enumerate(lines) if b'"type":"gen"' in line and b'"calc-00|' in line)
+    row = orjson.loads(lines[first])
+    row["run"] = "an-earlier-run"  # turn 1 answered by a run that stopped after it, as a resumed episode's
+    lines[first] = orjson.dumps(row)
+    journal.write_bytes(b"\n".join(lines) + b"\n")
+    calculator = build(pytester.path / "run")["tasks"][0]
+    episode = next(e for e in calculator["episodes"] if e["id"] == "calc-00")
+    assert [t["run"] == "an-earlier-run" for t in episode["turns"]] == [True, False]
+    assert episode["live_from"] == 2
+    assert all(e["live_from"] is None for e in calculator["episodes"] if e["id"] != "calc-00")

@@ -24,10 +24,12 @@ from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.numbers.stats import ALPHA
 from pytest_evalreplay.storage.files import jsonl_lines, read_bytes
 from pytest_evalreplay.storage.runschema import (
+    JOURNAL_SUFFIX,
     JUDGE_SUFFIX,
     MANIFEST,
     PREDICTIONS_SUFFIX,
     REQUESTS_SUFFIX,
+    TURNS_SUFFIX,
     prediction_fields,
     read_manifest,
     request_fields,
@@ -247,6 +249,7 @@ def _episodes(run_dir: Path, task: str) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     out = []
+    runs = _turn_runs(run_dir / f"{task}{TURNS_SUFFIX}{JOURNAL_SUFFIX}")
     for _, row in transcripts.SavedEpisodes.read(run_dir, task).episodes.items():
         turns = []
         for n, turn in enumerate(row["turns"], 1):
@@ -263,11 +266,18 @@ def _episodes(run_dir: Path, task: str) -> list[dict[str, Any]]:
                     "ct": turn.get("completion_tokens"),
                 }
             )
+        made = (
+            runs.get((row["stage"], row["instance_id"], row["rollout"]), [])[-len(turns) :] if turns else []
+        )
+        if len(made) == len(turns):
+            for turn, run in zip(turns, made, strict=True):
+                turn["run"] = run
         out.append(
             {
                 "id": row["instance_id"],
                 "stage": row["stage"],
                 "rollout": row["rollout"],
+                "live_from": _live_from(made) if len(made) == len(turns) else None,
                 "answer": row.get("answer"),
                 "error": row.get("error"),
                 "messages": row.get("messages") if isinstance(row.get("messages"), list) else [],
@@ -276,6 +286,44 @@ def _episodes(run_dir: Path, task: str) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _turn_runs(path: Path) -> dict[tuple[int, str, int], list[str]]:
+    """Which run answered each model turn of each episode, from the agent
+    task's turns journal when the run dir keeps it: per (stage, instance,
+    rollout), the run of each distinct turn request (a row keyed by its own
+    request digest), in the order of the row that stands for it (the newest). A line that is not a whole row (a torn
+    last line) is left out: this only labels turns, it decides nothing."""
+    if not path.is_file():
+        return {}
+    newest: dict[tuple[int, str, int], dict[str, tuple[int, str]]] = {}
+    for n, line in enumerate(read_bytes(path).split(b"\n")):
+        if b'"gen"' not in line:
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        key = row.get("instance_id") if type(row) is dict and row.get("type") == "gen" else None
+        parts = key.split("|") if isinstance(key, str) else []
+        if len(parts) != 3 or parts[2] != row.get("request") or type(row.get("stage")) is not int:
+            continue  # not a model turn: a tool call's row (`c<N>`), the episode's own (`episode`)
+        if type(row.get("rollout")) is not int:
+            continue
+        episode = (row["stage"], parts[0], row["rollout"])
+        newest.setdefault(episode, {})[parts[2]] = (n, str(row.get("run")))
+    return {ep: [run for _, run in sorted(turns.values())] for ep, turns in newest.items()}
+
+
+def _live_from(runs: list[str]) -> int | None:
+    """The turn (1-based) from which an episode was answered by its last run,
+    when earlier turns came from another (a resumed episode went live there)."""
+    if len(set(runs)) < 2:
+        return None
+    first = len(runs)
+    while first > 1 and runs[first - 2] == runs[-1]:
+        first -= 1
+    return first
 
 
 def _elo_view(elo: Mapping[str, Any]) -> dict[str, Any]:

@@ -317,12 +317,15 @@
     const byAt = new Map(e.turns.map((t) => [t.at, t]));
     const out = [el("p", {}, link("episodes", "← episodes")), el("h2", {}, task.name + ": " + e.id + " (stage " + e.stage + ", rollout " + e.rollout + ")")];
     if (e.error) out.push(el("p", { class: "bad" }, "failed: " + e.error));
+    if (e.live_from) out.push(el("p", { class: "live" }, "resumed: turns before " + e.live_from + " came from the journal of an earlier run; from turn " + e.live_from + " on, this run asked the model"));
     const conv = el("div", { class: "conversation" });
     e.messages.forEach((m, i) => {
       const turn = m && m.role === "assistant" ? byAt.get(i) : undefined;
       const box = el("div", { class: "message role-" + (m && m.role) },
         el("div", { class: "role" }, (m && m.role) || "?", m && m.tool_call_id ? " (" + m.tool_call_id + ")" : ""),
-        turn ? el("div", { class: "turn-info" }, "turn " + turn.turn + " · finish " + (turn.finish ?? "-") + " · tokens " + (turn.pt ?? "-") + " / " + (turn.ct ?? "-")) : null,
+        turn ? el("div", { class: "turn-info" + (e.live_from && turn.turn === e.live_from ? " went-live" : "") },
+          "turn " + turn.turn + " · finish " + (turn.finish ?? "-") + " · tokens " + (turn.pt ?? "-") + " / " + (turn.ct ?? "-"),
+          e.live_from && turn.turn === e.live_from ? " · went live here (resumed)" : "") : null,
         contentText(m && m.content) ? el("pre", { class: m && m.role === "tool" ? "tool-result" : "" }, contentText(m && m.content)) : null);
       for (const call of (m && m.tool_calls) || []) {
         const fn = call.function || {};
