@@ -292,8 +292,9 @@ def _turn_runs(path: Path) -> dict[tuple[int, str, int], list[str]]:
     """Which run answered each model turn of each episode, from the agent
     task's turns journal when the run dir keeps it: per (stage, instance,
     rollout), the run of each distinct turn request (a row keyed by its own
-    request digest), in the order of the row that stands for it (the newest). A line that is not a whole row (a torn
-    last line) is left out: this only labels turns, it decides nothing."""
+    request digest), in the order of the row that stands for it (the newest).
+    A line that is not a whole row (a torn last line) is left out: this only
+    labels turns, it decides nothing."""
     if not path.is_file():
         return {}
     newest: dict[tuple[int, str, int], dict[str, tuple[int, str]]] = {}
