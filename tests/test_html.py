@@ -305,3 +305,18 @@ def test_a_resumed_episode_says_where_it_went_live(pytester: pytest.Pytester) ->
     assert [t["run"] == "an-earlier-run" for t in episode["turns"]] == [True, False]
     assert episode["live_from"] == 2
     assert all(e["live_from"] is None for e in calculator["episodes"] if e["id"] != "calc-00")
+
+
+def test_a_graded_tasks_criteria_replies_are_in_the_report(pytester: pytest.Pytester) -> None:
+    from test_grading import CONFTEST, EVALS, RUBRIC
+
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\nevalreplay_provider = sampler\n")
+    pytester.makepyfile(test_evals=EVALS.format(rubric=RUBRIC))
+    pytester.runpytest_inprocess("--evalreplay-output=run").assert_outcomes(passed=4)
+    (math,) = build(pytester.path / "run")["tasks"]
+    replies = {j["id"]: j["replies"] for j in math["judge"]}
+    assert replies["q0|r0|correct|t0"] == ["[[YES]]"] and replies["q1|r0|polite|t0"] == ["[[NO]]"]
+    assert len(replies) == 4 * len(RUBRIC)
+    asked = next(j["asked"] for j in math["judge"] if j["id"] == "q2|r0|polite|t0")
+    assert "[Criterion]\nThe answer says thank" in asked and "[Answer]\n4" in asked

@@ -214,3 +214,21 @@ def test_the_benchmark_runs_small(browser, capsys) -> None:
     assert result["shown_after_filter"] == "10 of 200 samples"  # every 20th has a failed rollout
     assert result["first_render_ms"] > 0 and result["baseline_parse_ms"] > 0
     assert "for the bare parse" in capsys.readouterr().out
+
+
+def test_a_graded_sample_shows_each_criterions_reply(open_report, pytester) -> None:
+    from test_grading import CONFTEST, EVALS, RUBRIC
+
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\nevalreplay_provider = sampler\n")
+    pytester.makepyfile(test_evals=EVALS.format(rubric=RUBRIC))
+    pytester.runpytest_inprocess("--evalreplay-output=run").assert_outcomes(passed=4)
+    opened = open_report(pytester.path / "run")
+    opened.show("sample/math/1/q2")
+    judged = opened.page.locator(".judge")
+    assert judged.evaluate_all("j => j.map(x => x.dataset.judge)") == ["q2|r0|correct|t0", "q2|r0|polite|t0"]
+    assert judged.locator("pre.reply").all_inner_texts() == ["[[YES]]", "[[NO]]"]
+    opened.show("judging")
+    assert opened.page.locator(".judge").count() == 4 * len(RUBRIC)
+    opened.shot("graded")
+    opened.check_quiet()

@@ -292,6 +292,13 @@
       }
       out.push(box);
     }
+    const judged = task.judge.filter((j) => j.id.split("|")[0] === s.id && j.stage === s.stage);
+    if (judged.length) {
+      out.push(el("h3", {}, "the judge's replies"));
+      judged.forEach((j) => out.push(el("div", { class: "rollout judge", "data-judge": j.id }, el("b", {}, j.id),
+        el("details", {}, el("summary", {}, "asked"), typeof j.asked === "string" ? el("pre", {}, j.asked) : messages(j.asked || [])),
+        j.replies.map((r) => el("pre", { class: "reply" }, r)))));
+    }
     const lost = s.failed.filter((r) => !s.gens.some((g) => g.r === r));
     if (lost.length) out.push(el("p", { class: "bad" }, "failed rollouts (nothing saved): " + lost.join(", ")));
     return out;
