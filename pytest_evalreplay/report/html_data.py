@@ -102,7 +102,7 @@ def _task(run_dir: Path, name: str, gate: tuple[bool, str] | None) -> dict[str, 
     files = task_files(run_dir, name)
     doc = _metrics_doc(files["metrics"], name)
     failed = _failed_items(doc.get("failed"))
-    samples = _samples(files["requests"], files["predictions"], failed)
+    samples, sampling = _samples(files["requests"], files["predictions"], failed)
     episodes = _episodes(run_dir, name)
     elo = doc.get("elo") if isinstance(doc.get("elo"), dict) else None
     ci95 = doc.get("ci95") if isinstance(doc.get("ci95"), dict) else {}
@@ -127,7 +127,7 @@ def _task(run_dir: Path, name: str, gate: tuple[bool, str] | None) -> dict[str, 
         "complete": doc.get("complete"),
         "tokens": doc.get("tokens"),
         "run": session.get("run"),
-        "sampling": next((s["sampling"] for s in samples if s.get("sampling") is not None), None),
+        "sampling": sampling,
         "gate": None if gate is None else {"passed": gate[0], "verdict": gate[1]},
         "samples": samples,
         "episodes": episodes,
@@ -165,10 +165,12 @@ def _failed_items(names: Any) -> dict[tuple[int, str], set[int]]:
 
 def _samples(
     requests_path: Path, predictions_path: Path, failed: Mapping[tuple[int, str], set[int]]
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], Any]:
     """One sample per (stage, instance): its request, every saved rollout with
-    its scores, and the rollouts that failed (which saved nothing)."""
+    its scores, and the rollouts that failed (which saved nothing); and the
+    sampling of the first request (the task's, shown once, not per sample)."""
     requests: dict[tuple[int, str], dict[str, Any]] = {}
+    sampling = None
     if requests_path.exists():
         for lineno, _, row in jsonl_lines(requests_path, read_bytes(requests_path)):
             fields = request_fields(row, f"{requests_path}:{lineno}")
@@ -176,8 +178,9 @@ def _samples(
                 "prompt": fields.context,
                 "system": fields.system_prompt,
                 "choices": list(fields.continuations) or None,
-                "sampling": row.get("sampling"),
             }
+            if sampling is None:
+                sampling = row.get("sampling")
     samples: list[dict[str, Any]] = []
     seen: set[tuple[int, str]] = set()
     rows = jsonl_lines(predictions_path, read_bytes(predictions_path)) if predictions_path.exists() else ()
@@ -198,7 +201,7 @@ def _samples(
         samples.append(_sample(key, requests.get(key, {}), gens, scores, failed.get(key, set())))
     for key in sorted(set(failed) - seen, key=lambda k: (k[1], k[0])):
         samples.append(_sample(key, requests.get(key, {}), [], {}, failed[key]))
-    return samples
+    return samples, sampling
 
 
 def _sample(
