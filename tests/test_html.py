@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import sys
@@ -19,7 +20,11 @@ from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.report.html import INSTALL, embedded_json, render
 from pytest_evalreplay.report.html_data import build
 
-pytest.importorskip("jinja2", reason="the HTML report's tests need jinja2 (pip install '.[html]')")
+# What renders a page needs jinja2 (the `html` extra); the data, the errors and compare do not.
+renders = pytest.mark.skipif(
+    importlib.util.find_spec("jinja2") is None,
+    reason="renders the page: needs jinja2 (pip install '.[html]')",
+)
 
 SAVED = Path(__file__).resolve().parent.parent / "examples" / "saved_run"
 
@@ -129,6 +134,7 @@ def test_embedded_json_holds_no_raw_less_than_and_reads_back() -> None:
     assert orjson.loads(text) == data
 
 
+@renders
 def test_a_prompt_holding_a_script_is_data_and_never_markup(pytester: pytest.Pytester) -> None:
     page = render(build(make_run(pytester)))
     assert "alert(1)" in page  # it is there, as data
@@ -138,6 +144,7 @@ def test_a_prompt_holding_a_script_is_data_and_never_markup(pytester: pytest.Pyt
     assert next(s["prompt"] for s in samples if s["id"] == XSS) == XSS_PROMPT
 
 
+@renders
 def test_the_page_needs_no_network() -> None:
     page = render(build(SAVED))
     assert "default-src 'none'" in page  # the browser refuses any load the page could make
@@ -155,6 +162,7 @@ def test_without_jinja2_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatc
 # ---------------------------------------------------------------- view
 
 
+@renders
 def test_view_writes_one_file_and_says_where(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "deep" / "report.html"
     assert main(["view", str(SAVED), "-o", str(out)]) == 0
@@ -189,6 +197,7 @@ def test_view_of_a_malformed_predictions_line_names_file_and_line(tmp_path, caps
     assert "capitals-predictions.jsonl:11: 'instance_id' must be a string" in capsys.readouterr().err
 
 
+@renders
 def test_view_compare_has_both_runs_every_rollout(pytester: pytest.Pytester, monkeypatch) -> None:
     base = make_run(pytester, out="base")
     monkeypatch.setenv("FLAKY_WRONG", "q00,q02")
@@ -224,6 +233,7 @@ def test_fail_on_regression_exits_1_on_a_significant_drop_only(pytester, monkeyp
 # ---------------------------------------------------------------- --evalreplay-html
 
 
+@renders
 def test_the_session_writes_the_report_with_its_gates(pytester: pytest.Pytester) -> None:
     make_run(pytester, "--evalreplay-html=out/report.html")
     data = payload((pytester.path / "out" / "report.html").read_text())
@@ -258,6 +268,7 @@ def test_a_session_that_ran_no_eval_says_no_report(pytester: pytest.Pytester) ->
 
 
 @pytest.mark.slow
+@renders
 def test_under_xdist_the_controller_writes_the_report(pytester: pytest.Pytester) -> None:
     pytest.importorskip("xdist")
     make_project(pytester)
@@ -267,6 +278,7 @@ def test_under_xdist_the_controller_writes_the_report(pytester: pytest.Pytester)
     assert sorted(s["id"] for s in data["tasks"][0]["samples"] if s["failed"]) == sorted(FAILED)
 
 
+@renders
 def test_after_a_merge_the_report_shows_the_merged_dir(pytester: pytest.Pytester) -> None:
     import contextlib
     import io
