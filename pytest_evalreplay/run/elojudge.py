@@ -83,9 +83,12 @@ class _ReadableOnly:
         return [self._check(r) for r in results] if isinstance(results, list) else results
 
     def _check(self, result: Any) -> Any:
+        """Only a well-formed reply is read: a bad one (text None) is left to
+        `execution.check_result`, which fails it naming what is wrong, as it
+        does a candidate provider's."""
         if isinstance(result, list) and result and isinstance(result[0], Generation):
             text = result[0].text
-            if not self._readable(text):
+            if result[0].problem() is None and not self._readable(text):
                 return GenerationError(f"{UNREADABLE_PREFIX}{text[:80]!r}", retryable=True)
         return result
 
@@ -239,7 +242,9 @@ class Judging:
     def _call(self, instance: dict[str, Any], candidate: str, ref_text: str, reference: str) -> float:
         try:
             value = self.eval.judge(instance, candidate, ref_text)  # type: ignore[operator]
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit and kin fail the item, as a scorer's do
             raise EvalReplayError(
                 f"the judge raised {type(exc).__name__} judging against {reference!r}: {exc}"
             ) from None
