@@ -96,3 +96,115 @@ def test_a_grader_returning_text_none_fails_the_item_naming_the_bad_generation(p
     result.stdout.fnmatch_lines(
         ["*the grader on criterion 'says 4' failed: provider returned a bad Generation*"]
     )
+
+
+def test_under_x_a_later_stages_requests_never_reach_the_provider(pytester):
+    project = Project(pytester, seed="2", bad_value="0.7")  # t001, in stage 1, is judged badly
+    result = project.run("-x", "-p", "no:xdist")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert {stage for _, stage, _ in project.log("calls.jsonl")} == {1}
+    assert {r["stage"] for r in project.stage_records() if r["kind"] == "planned"} == {1}
+
+
+def test_a_stages_requests_are_generated_after_its_plan_is_recorded(pytester):
+    project = Project(pytester, seed="2")
+    assert project.run("-p", "no:xdist").returncode == 0
+    rows = project.journal_rows("memo")
+    planned = {
+        r["stage"]: n for n, r in enumerate(rows) if r.get("type") == "stage" and r["kind"] == "planned"
+    }
+    first_gen = {}
+    for n, r in enumerate(rows):
+        if r.get("type") == "gen":
+            first_gen.setdefault(r["stage"], n)
+    assert sorted(planned) == sorted(first_gen) == [1, 2, 3]
+    assert all(planned[s] < first_gen[s] for s in planned)
+
+
+FAILING_CANDIDATE = """
+
+from pytest_evalreplay import GenerationError
+
+class Failing(Candidate):
+    kind = "failing"
+
+    def generate(self, requests):
+        out = super().generate(requests)
+        return [GenerationError("no", retryable=False) if r.instance_id == "t001" else o
+                for r, o in zip(requests, out)]
+
+_plain = pytest_evalreplay_make_provider
+
+def pytest_evalreplay_make_provider(config, kind):
+    return Failing("good") if kind == "failing" else _plain(config, kind)
+"""
+
+
+def test_under_x_a_stage_whose_generation_failed_is_judged_only_up_to_the_failed_item(pytester):
+    project = Project(pytester, seed="2")  # t001 is in stage 1
+    (project.path / "conftest.py").write_text((project.path / "conftest.py").read_text() + FAILING_CANDIDATE)
+    result = project.run("-x", "-p", "no:xdist", "--evalreplay-provider=failing")
+    assert result.returncode == 1, result.stdout + result.stderr
+    tasks = project.elo()["stages"][0]["task_ids"]
+    judged = [tid for tid, _, _ in project.log("judge.jsonl")]
+    assert set(judged) == set(tasks[: tasks.index("t001")])
+    assert {stage for _, stage, _ in project.log("calls.jsonl")} == {1}
+
+
+STOP_AT_STAGE_2 = """
+
+def pytest_runtest_setup(item):
+    if "[s2-" in item.name:
+        item.session.shouldstop = "a peer was interrupted"
+"""
+
+
+def test_a_session_that_is_stopping_plans_and_generates_no_later_stage(pytester):
+    project = Project(pytester, seed="2")
+    (project.path / "conftest.py").write_text((project.path / "conftest.py").read_text() + STOP_AT_STAGE_2)
+    result = project.run("-p", "no:xdist")
+    out = result.stdout + result.stderr
+    assert (
+        "the session is stopping (-x, --maxfail or an interrupt), so stage 2 of 'memo' was not planned" in out
+    )
+    assert {stage for _, stage, _ in project.log("calls.jsonl")} == {1}
+    assert {r["stage"] for r in project.stage_records() if r["kind"] == "planned"} == {1}
+
+
+def test_chunks_by_stage_never_hold_two_stages():
+    from pytest_evalreplay.numbers.planning import chunks
+
+    keys = [(1, "a", 0), (1, "b", 0), (2, "c", 0), (2, "c", 1), (3, "d", 0)]
+    assert chunks(keys, None) == [[(1, "a"), (1, "b"), (2, "c"), (3, "d")]]
+    assert chunks(keys, None, by_stage=True) == [[(1, "a"), (1, "b")], [(2, "c")], [(3, "d")]]
+    assert chunks(keys, 1, by_stage=True) == [[(1, "a")], [(1, "b")], [(2, "c")], [(3, "d")]]
+
+
+def test_a_malformed_reference_line_is_a_collection_error_naming_the_line_and_the_reference(pytester):
+    project = Project(pytester, seed="2")
+    path = project.path / "refs" / "mid-predictions.jsonl"
+    lines = path.read_text().splitlines()
+    lines[3] = "{not json"
+    path.write_text("\n".join(lines) + "\n")
+    result = project.run("-p", "no:xdist")
+    out = result.stdout + result.stderr
+    assert result.returncode == 4, out
+    assert f"reference 'mid': {path}:4: not valid JSON" in out
+    assert "point Reference(predictions=...) of 'mid' in EloEval 'memo' elsewhere" in out
+    assert "--evalreplay-predictions" not in out
+    assert project.log("calls.jsonl") == []  # refused before anything was generated
+
+
+def test_a_reference_without_an_answer_to_a_drawn_task_is_refused_naming_both(pytester):
+    project = Project(pytester, seed="2")  # t001 is drawn in stage 1
+    path = project.path / "refs" / "weak-predictions.jsonl"
+    path.write_text("".join(x + "\n" for x in path.read_text().splitlines() if '"t001"' not in x))
+    result = project.run("-p", "no:xdist")
+    out = result.stdout + result.stderr
+    assert result.returncode == 4, out
+    assert (
+        "reference 'weak' (" in out
+        and "weak-predictions.jsonl) has no saved answer to task 't001', which " in out
+    )
+    assert "stage 1 of EloEval 'memo' drew" in out
+    assert project.log("calls.jsonl") == []

@@ -247,6 +247,8 @@ class EvalReplayPlugin:
         and wrappers included), before the terminal counts what was collected
         and before an xdist worker reports its collection."""
         self._plan(session, session.config, session.items)
+        if self.active:
+            self.session.ctx.failures_left = lambda: failures_left(session)
         if self.active and not session.config.option.collectonly:
             try:
                 self.session.prepare_provider()  # its batch size may re-chunk
@@ -424,6 +426,15 @@ class EvalReplayPlugin:
             gc.set_threshold(*self._gc_thresholds)
         if self._session is not None:
             self._session.close()
+
+
+def failures_left(session: pytest.Session) -> int | None:
+    """How many more failed items pytest takes before it stops (0: stopping
+    now; None: no --maxfail/-x)."""
+    if session.shouldstop or session.shouldfail:
+        return 0
+    maxfail = session.config.option.maxfail
+    return max(0, maxfail - session.testsfailed) if maxfail else None
 
 
 def _entry(item: pytest.Item) -> Entry:

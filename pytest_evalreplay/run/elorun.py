@@ -140,6 +140,8 @@ class EloRun(Rollouts):
             lambda s: ratings.table(upto=s, only=s).num_judgments,
         )
         decisions = _decide(ctx, plan, selected, index, first_fresh)
+        judging = Judging(ctx, eval_, directory)
+        judging.check_references(stage_tasks)
         run = cls(
             ctx,
             eval_.name,
@@ -155,7 +157,7 @@ class EloRun(Rollouts):
             fingerprints=fingerprints,
             configs=configs,
             replan_from=first_fresh,
-            judging=Judging(ctx, eval_, directory),
+            judging=judging,
             ratings=ratings,
             lines=[*stage_lines, *lines],
             waiting=waiting,
@@ -181,6 +183,10 @@ class EloRun(Rollouts):
 
     def log(self) -> StageLog:
         return StageLog.read(self.recorder.index)
+
+    @property
+    def chunks_by_stage(self) -> bool:
+        return True  # a stage's requests are asked once its plan is recorded, never with an earlier stage's
 
     # -- items ------------------------------------------------------------------------
 
@@ -236,13 +242,41 @@ class EloRun(Rollouts):
             if recorder.done_in_this_run(unit) and record is not None:  # a peer of this run drove it
                 self.plans[stage] = StagePlan(tuple(record.references), record.prior_rating)
             else:
+                self._refuse_when_stopping(stage, "planned")
                 plan = self._plan(stage)
                 keys = self.stage_keys(stage)
                 self.ensure_generated(k for k in keys if k in self.decisions.run)
-                self._judge(stage, plan)
+                self._refuse_when_stopping(stage, "judged")
+                reached = self._reached(keys)
+                self._judge(plan, reached)
                 self._complete(stage)
-                recorder.mark_done(unit)
+                if len(reached) == len(keys):
+                    recorder.mark_done(unit)
         self.done.add(stage)
+
+    def _refuse_when_stopping(self, stage: int, step: str) -> None:
+        if self.ctx.failures_left() == 0:
+            raise EvalReplayError(
+                f"the session is stopping (-x, --maxfail or an interrupt), so stage {stage} of "
+                f"{self.name!r} was not {step}; run again with --resume to go on"
+            )
+
+    def _reached(self, keys: Sequence[RolloutKey]) -> list[RolloutKey]:
+        """The stage's rollouts pytest will reach: under -x or --maxfail, those
+        before the failed generation that stops the session (the rest are
+        not judged, so an LLM judge is not asked what nobody will see)."""
+        left = self.ctx.failures_left()
+        if left is None:
+            return list(keys)
+        selected = set(self.selected)
+        reached: list[RolloutKey] = []
+        for key in keys:
+            if key in selected and (key in self.decisions.failed or self.candidate(key) is None):
+                left -= 1
+                if left <= 0:
+                    break
+            reached.append(key)
+        return reached
 
     def _plan(self, stage: int) -> StagePlan:
         prior: float | None = None
@@ -304,11 +338,11 @@ class EloRun(Rollouts):
         self.plans[stage] = chosen
         return chosen
 
-    def _judge(self, stage: int, plan: StagePlan) -> None:
-        """Every rollout of the stage that has a generation, judged against the plan's references."""
+    def _judge(self, plan: StagePlan, keys: Sequence[RolloutKey]) -> None:
+        """Every one of these rollouts that has a generation, judged against the plan's references."""
         assert self.judging is not None
         index = self.recorder.index
-        items = [(key, gen) for key in self.stage_keys(stage) if (gen := self.candidate(key)) is not None]
+        items = [(key, gen) for key in keys if (gen := self.candidate(key)) is not None]
         pool = self.elo.pool
         verdicts = self.judging.judge(
             plan.references, [(key, pool.postprocess(index.generation(gen))) for key, gen in items]
