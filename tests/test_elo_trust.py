@@ -208,3 +208,42 @@ def test_a_reference_without_an_answer_to_a_drawn_task_is_refused_naming_both(py
     )
     assert "stage 1 of EloEval 'memo' drew" in out
     assert project.log("calls.jsonl") == []
+
+
+def helper(project: Project, body: str) -> None:
+    (project.path / "judgehelp.py").write_text(f"def verdict(mine, theirs):\n    return {body}\n")
+
+
+def test_a_judge_helper_edit_under_resume_says_the_stage_was_judged_again_never_kept(pytester):
+    project = Project(pytester, seed="3", judge_helper="True")
+    helper(project, "0.5 if mine == theirs else float(mine)")
+    assert project.run("-p", "no:xdist").returncode == 0
+    helper(project, "0.0")  # every verdict changes: the rating moves
+    result = project.run("--resume", "-p", "no:xdist")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "kept from the journal" not in result.stdout
+    assert re.search(
+        r"memo: stage 1/3 judged again: ELO [\d.]+ -> 500\.0 \(its verdicts changed\)", result.stdout
+    )
+    assert "memo: stage 2/3 planned afresh (the rating it starts from changed" in result.stdout
+    # Nothing changed: the kept stages are said kept, once each.
+    result = project.run("--resume", "-p", "no:xdist")
+    assert result.stdout.count("memo: stage 1/3 kept from the journal: ELO 500.0") == 1, result.stdout
+
+
+def test_an_interrupted_stage_planned_afresh_is_never_said_replayed(pytester):
+    project = Project(pytester, seed="3", judge_helper="True")
+    helper(project, "0.5 if mine == theirs else float(mine)")
+    result = project.run("-p", "no:xdist", INTERRUPT_AT_CALL="5")  # stage 2's first request
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert [(r["kind"], r.get("stage")) for r in project.stage_records()][-2:] == [
+        ("complete", 1),
+        ("planned", 2),
+    ]
+    helper(project, "0.0")
+    result = project.run("--resume", "-p", "no:xdist")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "replayed from the journal" not in result.stdout
+    assert "memo: stage 2/3 planned afresh (the rating it starts from changed" in result.stdout
+    refs = [r["references"] for r in project.stage_records() if r["kind"] == "planned" and r["stage"] == 2]
+    assert refs[-1] == project.elo()["stages"][1]["references"]

@@ -93,6 +93,9 @@ class EloRun(Rollouts):
     done: set[int] = field(default_factory=set)  # stages driven to their end in this run
     incomplete: dict[int, list[RolloutKey]] = field(default_factory=dict)  # stage -> items without a result
     lines: list[str] = field(default_factory=list)
+    pending: dict[int, str] = field(
+        default_factory=dict
+    )  # stage -> what the journal promises, said once it held
 
     @classmethod
     def register(
@@ -159,7 +162,8 @@ class EloRun(Rollouts):
             replan_from=first_fresh,
             judging=judging,
             ratings=ratings,
-            lines=[*stage_lines, *lines],
+            lines=[*(line.text for line in stage_lines if not line.provisional), *lines],
+            pending={line.stage: line.text for line in stage_lines if line.provisional and line.stage},
             waiting=waiting,
         )
         run.note_unfinished(index)
@@ -241,6 +245,7 @@ class EloRun(Rollouts):
             record = self.log().stages.get(stage)
             if recorder.done_in_this_run(unit) and record is not None:  # a peer of this run drove it
                 self.plans[stage] = StagePlan(tuple(record.references), record.prior_rating)
+                self.pending.pop(stage, None)  # the peer says what happened to it
             else:
                 self._refuse_when_stopping(stage, "planned")
                 plan = self._plan(stage)
@@ -299,6 +304,7 @@ class EloRun(Rollouts):
         replay = replays(
             record, stage, self.ctx.run_id, self.replan_from, resumes, prior, fingerprint_, task_ids
         )
+        promised = self.pending.pop(stage, None)
         if replay == "rating changed" and record is not None:
             self.ctx.note(
                 f"{self.name}: stage {stage}/{total} planned afresh (the rating it starts from changed: "
@@ -314,6 +320,11 @@ class EloRun(Rollouts):
                 )
             chosen = StagePlan(tuple(record.references), record.prior_rating)
             self.plans[stage] = chosen
+            if promised is not None:  # replayed, as the journal promised (a kept stage: once judged)
+                if record.complete:
+                    self.pending[stage] = promised
+                else:
+                    self.ctx.note(promised)
             return chosen
         from pytest_evalreplay.numbers.elo.fit import choose_references
 
@@ -362,6 +373,7 @@ class EloRun(Rollouts):
             for key in self.stage_keys(stage)
             if item_outcome(self.plan, index, key, settings.max_attempts).status == "missing"
         ]
+        promised = self.pending.pop(stage, None)
         if missing:
             self.incomplete[stage] = missing
             return
@@ -377,7 +389,15 @@ class EloRun(Rollouts):
             and record.fingerprint == self.fingerprints[stage - 1]
             and same_rating(record.rating, fit.rating)
         ):
+            if promised is not None:
+                self.ctx.note(promised)
             return  # kept as recorded: the journal says it already
+        if promised is not None:  # kept, and judged again: its verdicts moved the rating
+            self.ctx.note(
+                f"{self.name}: stage {stage}/{len(self.elo.stages)} judged again: ELO "
+                f"{shown(record.rating if record is not None else None)} -> {shown(fit.rating)} "
+                "(its verdicts changed)"
+            )
         self.recorder.add(
             [complete_row(stage, fit.rating, fit.se, self.fingerprints[stage - 1], self.ctx.run_id)]
         )
@@ -397,6 +417,11 @@ class EloRun(Rollouts):
         return self.outcome
 
     def before_finish(self) -> None:
+        stages = self.log().stages
+        for stage in sorted(self.pending):  # complete stages this run did not drive stand as recorded
+            line = self.pending.pop(stage)
+            if (record := stages.get(stage)) is not None and record.complete:
+                self.ctx.note(line)
         assert self.judging is not None
         self.judging.write_files()  # no stage is driven at the end
 
