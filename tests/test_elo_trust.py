@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from elo_project import Project
 
 BAD_JUDGE_PROVIDER = """
@@ -247,3 +248,14 @@ def test_an_interrupted_stage_planned_afresh_is_never_said_replayed(pytester):
     assert "memo: stage 2/3 planned afresh (the rating it starts from changed" in result.stdout
     refs = [r["references"] for r in project.stage_records() if r["kind"] == "planned" and r["stage"] == 2]
     assert refs[-1] == project.elo()["stages"][1]["references"]
+
+
+@pytest.mark.slow
+def test_a_killed_elo_judging_leaves_an_unfinished_run_note(pytester):
+    project = Project(pytester, seed="2")
+    result = project.run(KILL_AT_JUDGE="22")  # every candidate generated, stage 3 judging killed
+    assert result.returncode == -9, result.stdout + result.stderr
+    result = project.run("--collect-only", "-p", "no:xdist")
+    assert "memo: the output dir holds an unfinished run: --resume would reuse 12 results" in result.stdout, (
+        result.stdout
+    )

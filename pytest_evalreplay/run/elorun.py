@@ -188,6 +188,17 @@ class EloRun(Rollouts):
     def log(self) -> StageLog:
         return StageLog.read(self.recorder.index)
 
+    def note_unfinished(self, index: JournalIndex | None) -> None:
+        """A plain run over an unfinished ELO run (some item without verdicts,
+        its candidate already generated, as when judging was killed) says what
+        --resume would keep: every generation may be there while no item is done."""
+        if index is None or self.ctx.resuming:
+            return
+        attempts = self.ctx.settings.max_attempts
+        if any(item_outcome(self.plan, index, key, attempts).status == "missing" for key in self.selected):
+            reused = planning.decide(self.plan, self.selected, index, True, attempts).reuse
+            self.unfinished = planning.resumable_line(self.name, len(reused))
+
     @property
     def chunks_by_stage(self) -> bool:
         return True  # a stage's requests are asked once its plan is recorded, never with an earlier stage's
