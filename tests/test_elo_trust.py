@@ -259,3 +259,19 @@ def test_a_killed_elo_judging_leaves_an_unfinished_run_note(pytester):
     assert "memo: the output dir holds an unfinished run: --resume would reuse 12 results" in result.stdout, (
         result.stdout
     )
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["plain", "resume"])
+def test_a_link_planted_among_the_locks_fails_cleanly_claiming_no_reuse(pytester, resume):
+    project = Project(pytester, seed="2")
+    assert project.run("-p", "no:xdist").returncode == 0
+    lock = project.out / ".evalreplay-locks" / "memo.stage-1.lock"
+    (pytester.path / "elsewhere").write_text("x")
+    lock.unlink()
+    lock.symlink_to(pytester.path / "elsewhere")
+    result = project.run("-p", "no:xdist", *(["--resume"] if resume else []))
+    out = result.stdout + result.stderr
+    assert result.returncode == 4, out
+    assert f"{lock} is a symbolic link" in out and f"rm {lock}" in out
+    assert "reused" not in result.stdout and "kept from the journal" not in out
+    assert (pytester.path / "elsewhere").read_text() == "x"

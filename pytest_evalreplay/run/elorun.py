@@ -214,6 +214,7 @@ class EloRun(Rollouts):
         try:
             self.advance(key[0])
         except EvalReplayError as exc:
+            self.pending.clear()  # a stage that could not be driven is not said kept or replayed
             return self.failure(key, str(exc), "judging")
         if key in self.decisions.failed:
             return self.failed_before(key)
