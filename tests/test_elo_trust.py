@@ -275,3 +275,12 @@ def test_a_link_planted_among_the_locks_fails_cleanly_claiming_no_reuse(pytester
     assert f"{lock} is a symbolic link" in out and f"rm {lock}" in out
     assert "reused" not in result.stdout and "kept from the journal" not in out
     assert (pytester.path / "elsewhere").read_text() == "x"
+
+
+def test_the_run_dir_is_printed_normalised(pytester):
+    project = Project(pytester, seed="2")
+    (project.path / "a").mkdir()
+    result = project.run("-p", "no:xdist", "--evalreplay-output=a/../runs")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [x for x in result.stdout.splitlines() if x.startswith("run dir: ")]
+    assert lines == [f"run dir: {project.path / 'runs'}"], lines

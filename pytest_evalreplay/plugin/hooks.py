@@ -390,7 +390,9 @@ class EvalReplayPlugin:
         for name, doc in ev.docs.items():
             self.summary.add_doc(name, doc.seen, doc.doc, doc.extra())
         if ev.output_resolved is not None:
-            self.summary.run_dir = str(ev.output_resolved)
+            from pytest_evalreplay.storage.files import shown_path
+
+            self.summary.run_dir = str(shown_path(ev.output_resolved))
         for note in ev.notes:
             self.summary.add_note(note)
         workeroutput = getattr(session.config, "workeroutput", None)
