@@ -26,8 +26,11 @@ def pytest_evalreplay_make_provider(config, kind):
 
 
 def counted(out: str, word: str) -> int:
-    found = re.search(rf"(\d+) {word}", out)
-    return int(found.group(1)) if found else 0
+    """pytest's own count (its last line), which the summary line must agree with."""
+    found = re.search(rf"(\d+) {word}\b", out.strip().splitlines()[-1])
+    summary = re.search(rf"items, (\d+) {word}", out)
+    assert found and summary and found.group(1) == summary.group(1), out
+    return int(found.group(1))
 
 
 def test_a_function_judge_raising_systemexit_fails_that_item_naming_the_judge(pytester):
@@ -61,6 +64,8 @@ def test_a_judge_provider_returning_text_none_fails_the_item_naming_the_bad_gene
     assert result.returncode == 1, out
     assert "provider raised TypeError" not in out
     assert "the judge failed on" in out and "provider returned a bad Generation for rollout 0" in out
+    failed = project.metrics()["num_failed"]
+    assert failed == counted(result.stdout, "failed") and failed > 0
 
 
 GRADED_CONFTEST = """
