@@ -660,6 +660,9 @@ CASES: dict[str, Case] = {
     "a link at the chunk locks folder": Case(
         prepare="dirlink:.evalreplay-locks", message="run/.evalreplay-locks is a symbolic link"
     ),
+    "a link inside the chunk locks folder": Case(
+        prepare="link:.evalreplay-locks/t.0.lock", message="run/.evalreplay-locks/t.0.lock is a symbolic link"
+    ),
     "a link at the progress folder": Case(
         prepare="dirlink:.evalreplay-progress", message="run/.evalreplay-progress is a symbolic link"
     ),
@@ -743,6 +746,7 @@ def prepare(pytester: pytest.Pytester, case: Case) -> None:
         if kind == "file":
             (out / name).write_text("not a folder")
         else:
+            (out / name).parent.mkdir(exist_ok=True)
             (out / name).symlink_to(target, target_is_directory=kind == "dirlink")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from elo_project import Project, same_metrics, write_reference
+from elo_project import Project, same_metrics
 
 
 @pytest.fixture(scope="module")
@@ -106,17 +106,13 @@ def test_sigkill_with_no_seed_then_resume_keeps_the_drawn_plan(pytester):
 
 def test_a_stage_with_no_judged_pair_stays_incomplete(pytester):
     project = Project(pytester)
-    write_reference(pytester.path / "refs", "empty", 0.0)
-    project.write(
-        references="{'empty': Reference(1000, 'refs/empty-predictions.jsonl')}",
-        stages="[Stage(tasks=4)]",
-    )
+    project.write(judge="lambda instance, candidate, reference: 0.7", stages="[Stage(tasks=4)]")
     result = project.run()
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr  # every verdict is a judging failure
     assert "stage 1 has no judged pair and stays incomplete" in result.stdout
     assert [r["kind"] for r in project.stage_records()] == ["seed", "planned"]
     stage = project.elo()["stages"][0]
-    assert (stage["complete"], stage["judged"], stage["no_answer"]) == (False, 0, 4)
+    assert (stage["complete"], stage["judged"]) == (False, 0)
     assert project.elo()["rating"] is None
 
 

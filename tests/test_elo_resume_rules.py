@@ -40,13 +40,23 @@ def asked(pytester: pytest.Pytester) -> int:
     return len(path.read_bytes().splitlines()) if path.exists() else 0
 
 
-@pytest.mark.parametrize(("stage", "edit"), [(1, "Q: {q}?"), (2, None)], ids=["stage-1", "stage-2"])
+# A reference's rating: stage 1's fingerprint (and every later one's) changes.
+RATED_AGAIN = (
+    "{"
+    + ", ".join(
+        f"{n!r}: Reference({e + 50}, 'refs/{n}-predictions.jsonl')" for n, (e, _) in REFERENCES.items()
+    )
+    + "}"
+)
+
+
+@pytest.mark.parametrize(("stage", "edit"), [(1, RATED_AGAIN), (2, None)], ids=["stage-1", "stage-2"])
 def test_a_bare_resume_stage_plans_afresh_from_the_first_stage_whose_configuration_changed(
     project: pytest.Pytester, stage: int, edit: str | None
 ) -> None:
     assert run(project).ret == 0
-    if edit is not None:  # the prompt: stage 1's fingerprint (and every later one's) changes
-        write_project(project, prompt=edit)
+    if edit is not None:  # the references' ratings: stage 1's fingerprint (and every later one's) changes
+        write_project(project, references=edit)
     else:  # stage 2's references: only its fingerprint changes
         write_project(project, stages="[Stage(tasks=4), Stage(tasks=4, references=2)]")
     result = run(project, "--resume-stage")

@@ -46,7 +46,15 @@ def log(*records: StageRecord) -> StageLog:
 
 
 def plan(journal: StageLog, resuming: bool = True, resume_stage: int | None = None) -> tuple[int, list[str]]:
-    return replan_from("memo", 3, resuming, resume_stage, journal, FPS, CONFIGS, lambda s: 10 * s)
+    first, lines = replan_from("memo", 3, resuming, resume_stage, journal, FPS, CONFIGS, lambda s: 10 * s)
+    return first, [line.text for line in lines]
+
+
+def test_kept_and_replayed_stages_are_said_once_the_run_drove_them() -> None:
+    _, lines = replan_from(
+        "memo", 3, True, None, log(record(1), record(2, complete=False)), FPS, CONFIGS, lambda s: 1
+    )
+    assert [(line.stage, line.provisional) for line in lines] == [(1, True), (2, True), (3, False)]
 
 
 def test_a_fresh_run_plans_every_stage_and_says_nothing() -> None:

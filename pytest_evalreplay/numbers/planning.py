@@ -131,14 +131,19 @@ def _name(key: RolloutKey) -> str:
     return f"{key[1]}[s{key[0]}-r{key[2]}]"
 
 
-def chunks(keys: Sequence[RolloutKey], size: int | None) -> list[list[RequestKey]]:
+def chunks(keys: Sequence[RolloutKey], size: int | None, by_stage: bool = False) -> list[list[RequestKey]]:
     """Group keys into requests (one per stage and instance, in first-seen
-    order) and the requests into chunks of at most `size` (None: one chunk)."""
+    order) and the requests into chunks of at most `size` (None: one chunk).
+    `by_stage`: no chunk holds two stages' requests (an ELO stage is planned
+    from the rating before it, so its requests wait for that plan)."""
     order: dict[RequestKey, None] = {}
     for stage, iid, _ in keys:
         order.setdefault((stage, iid), None)
-    requests = list(order)
-    if not requests:
-        return []
-    step = size or len(requests)
-    return [requests[i : i + step] for i in range(0, len(requests), step)]
+    groups: dict[int, list[RequestKey]] = {}
+    for rk in order:
+        groups.setdefault(rk[0] if by_stage else 0, []).append(rk)
+    out: list[list[RequestKey]] = []
+    for requests in groups.values():
+        step = size or len(requests)
+        out.extend(requests[i : i + step] for i in range(0, len(requests), step))
+    return out

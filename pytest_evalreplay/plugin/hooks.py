@@ -247,6 +247,8 @@ class EvalReplayPlugin:
         and wrappers included), before the terminal counts what was collected
         and before an xdist worker reports its collection."""
         self._plan(session, session.config, session.items)
+        if self.active:
+            self.session.ctx.failures_left = lambda: failures_left(session)
         if self.active and not session.config.option.collectonly:
             try:
                 self.session.prepare_provider()  # its batch size may re-chunk
@@ -388,7 +390,9 @@ class EvalReplayPlugin:
         for name, doc in ev.docs.items():
             self.summary.add_doc(name, doc.seen, doc.doc, doc.extra())
         if ev.output_resolved is not None:
-            self.summary.run_dir = str(ev.output_resolved)
+            from pytest_evalreplay.storage.files import shown_path
+
+            self.summary.run_dir = str(shown_path(ev.output_resolved))
         for note in ev.notes:
             self.summary.add_note(note)
         workeroutput = getattr(session.config, "workeroutput", None)
@@ -444,6 +448,15 @@ class EvalReplayPlugin:
             gc.set_threshold(*self._gc_thresholds)
         if self._session is not None:
             self._session.close()
+
+
+def failures_left(session: pytest.Session) -> int | None:
+    """How many more failed items pytest takes before it stops (0: stopping
+    now; None: no --maxfail/-x)."""
+    if session.shouldstop or session.shouldfail:
+        return 0
+    maxfail = session.config.option.maxfail
+    return max(0, maxfail - session.testsfailed) if maxfail else None
 
 
 def _entry(item: pytest.Item) -> Entry:

@@ -73,6 +73,10 @@ class RunContext:
     snapshot: Mapping[str, int] = field(default_factory=dict)
     seed: int = field(default_factory=lambda: random.SystemRandom().randrange(2**31))
     notes: list[str] = field(default_factory=list)
+    # How many more failed items the session takes before it stops (0: it is
+    # stopping now: -x, --maxfail reached, an interrupt; None: no limit), so a
+    # run starts no work pytest will not reach. The plugin sets it from pytest's session.
+    failures_left: Callable[[], int | None] = lambda: None
     _output: Path | None = None
     _identity: dict[str, Any] | None = None
     _pv: str | None = None

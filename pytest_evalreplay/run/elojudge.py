@@ -83,9 +83,12 @@ class _ReadableOnly:
         return [self._check(r) for r in results] if isinstance(results, list) else results
 
     def _check(self, result: Any) -> Any:
+        """Only a well-formed reply is read: a bad one (text None) is left to
+        `execution.check_result`, which fails it naming what is wrong, as it
+        does a candidate provider's."""
         if isinstance(result, list) and result and isinstance(result[0], Generation):
             text = result[0].text
-            if not self._readable(text):
+            if result[0].problem() is None and not self._readable(text):
                 return GenerationError(f"{UNREADABLE_PREFIX}{text[:80]!r}", retryable=True)
         return result
 
@@ -188,12 +191,29 @@ class Judging:
             try:
                 index = load(self.eval.references[reference].predictions)
             except EvalReplayError as exc:
-                raise EvalReplayError(f"reference {reference!r}: {exc}") from None
+                # The readers' fix names the replay option; a reference's file is set in its Reference.
+                fix = f"Reference(predictions=...) of {reference!r} in EloEval {self.eval.name!r}"
+                message = str(exc).replace("--evalreplay-predictions", fix)
+                raise EvalReplayError(f"reference {reference!r}: {message}") from None
             self._references[reference] = index
         pool = self.eval.pool
         request = pool.request(pool.instance(task_id))
         generation = first_answer(index, request.prompt_key, request.stage)
         return None if generation is None else pool.postprocess(generation).text
+
+    def check_references(self, stage_tasks: Sequence[Sequence[str]]) -> None:
+        """Every reference read at collection, with an answer to every drawn
+        task: a bad file is one error before anything is generated, not a
+        failure of every item once its candidate is."""
+        for reference, ref in self.eval.references.items():
+            for stage, task_ids in enumerate(stage_tasks, 1):
+                for tid in task_ids:
+                    if self.reference_answer(reference, tid) is None:
+                        raise EvalReplayError(
+                            f"reference {reference!r} ({ref.predictions}) has no saved answer to task "
+                            f"{tid!r}, which stage {stage} of EloEval {self.eval.name!r} drew: save the "
+                            "reference's answers to every pool task, or take that task out of the pool"
+                        )
 
     # -- judging ---------------------------------------------------------------------
 
@@ -239,7 +259,9 @@ class Judging:
     def _call(self, instance: dict[str, Any], candidate: str, ref_text: str, reference: str) -> float:
         try:
             value = self.eval.judge(instance, candidate, ref_text)  # type: ignore[operator]
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit and kin fail the item, as a scorer's do
             raise EvalReplayError(
                 f"the judge raised {type(exc).__name__} judging against {reference!r}: {exc}"
             ) from None

@@ -93,6 +93,9 @@ class EloRun(Rollouts):
     done: set[int] = field(default_factory=set)  # stages driven to their end in this run
     incomplete: dict[int, list[RolloutKey]] = field(default_factory=dict)  # stage -> items without a result
     lines: list[str] = field(default_factory=list)
+    pending: dict[int, str] = field(
+        default_factory=dict
+    )  # stage -> what the journal promises, said once it held
 
     @classmethod
     def register(
@@ -140,6 +143,8 @@ class EloRun(Rollouts):
             lambda s: ratings.table(upto=s, only=s).num_judgments,
         )
         decisions = _decide(ctx, plan, selected, index, first_fresh)
+        judging = Judging(ctx, eval_, directory)
+        judging.check_references(stage_tasks)
         run = cls(
             ctx,
             eval_.name,
@@ -155,9 +160,10 @@ class EloRun(Rollouts):
             fingerprints=fingerprints,
             configs=configs,
             replan_from=first_fresh,
-            judging=Judging(ctx, eval_, directory),
+            judging=judging,
             ratings=ratings,
-            lines=[*stage_lines, *lines],
+            lines=[*(line.text for line in stage_lines if not line.provisional), *lines],
+            pending={line.stage: line.text for line in stage_lines if line.provisional and line.stage},
             waiting=waiting,
         )
         run.note_unfinished(index)
@@ -182,6 +188,21 @@ class EloRun(Rollouts):
     def log(self) -> StageLog:
         return StageLog.read(self.recorder.index)
 
+    def note_unfinished(self, index: JournalIndex | None) -> None:
+        """A plain run over an unfinished ELO run (some item without verdicts,
+        its candidate already generated, as when judging was killed) says what
+        --resume would keep: every generation may be there while no item is done."""
+        if index is None or self.ctx.resuming:
+            return
+        attempts = self.ctx.settings.max_attempts
+        if any(item_outcome(self.plan, index, key, attempts).status == "missing" for key in self.selected):
+            reused = planning.decide(self.plan, self.selected, index, True, attempts).reuse
+            self.unfinished = planning.resumable_line(self.name, len(reused))
+
+    @property
+    def chunks_by_stage(self) -> bool:
+        return True  # a stage's requests are asked once its plan is recorded, never with an earlier stage's
+
     # -- items ------------------------------------------------------------------------
 
     def rescore_reused(self) -> list[RolloutKey]:
@@ -193,6 +214,7 @@ class EloRun(Rollouts):
         try:
             self.advance(key[0])
         except EvalReplayError as exc:
+            self.pending.clear()  # a stage that could not be driven is not said kept or replayed
             return self.failure(key, str(exc), "judging")
         if key in self.decisions.failed:
             return self.failed_before(key)
@@ -235,14 +257,43 @@ class EloRun(Rollouts):
             record = self.log().stages.get(stage)
             if recorder.done_in_this_run(unit) and record is not None:  # a peer of this run drove it
                 self.plans[stage] = StagePlan(tuple(record.references), record.prior_rating)
+                self.pending.pop(stage, None)  # the peer says what happened to it
             else:
+                self._refuse_when_stopping(stage, "planned")
                 plan = self._plan(stage)
                 keys = self.stage_keys(stage)
                 self.ensure_generated(k for k in keys if k in self.decisions.run)
-                self._judge(stage, plan)
+                self._refuse_when_stopping(stage, "judged")
+                reached = self._reached(keys)
+                self._judge(plan, reached)
                 self._complete(stage)
-                recorder.mark_done(unit)
+                if len(reached) == len(keys):
+                    recorder.mark_done(unit)
         self.done.add(stage)
+
+    def _refuse_when_stopping(self, stage: int, step: str) -> None:
+        if self.ctx.failures_left() == 0:
+            raise EvalReplayError(
+                f"the session is stopping (-x, --maxfail or an interrupt), so stage {stage} of "
+                f"{self.name!r} was not {step}; run again with --resume to go on"
+            )
+
+    def _reached(self, keys: Sequence[RolloutKey]) -> list[RolloutKey]:
+        """The stage's rollouts pytest will reach: under -x or --maxfail, those
+        before the failed generation that stops the session (the rest are
+        not judged, so an LLM judge is not asked what nobody will see)."""
+        left = self.ctx.failures_left()
+        if left is None:
+            return list(keys)
+        selected = set(self.selected)
+        reached: list[RolloutKey] = []
+        for key in keys:
+            if key in selected and (key in self.decisions.failed or self.candidate(key) is None):
+                left -= 1
+                if left <= 0:
+                    break
+            reached.append(key)
+        return reached
 
     def _plan(self, stage: int) -> StagePlan:
         prior: float | None = None
@@ -265,6 +316,7 @@ class EloRun(Rollouts):
         replay = replays(
             record, stage, self.ctx.run_id, self.replan_from, resumes, prior, fingerprint_, task_ids
         )
+        promised = self.pending.pop(stage, None)
         if replay == "rating changed" and record is not None:
             self.ctx.note(
                 f"{self.name}: stage {stage}/{total} planned afresh (the rating it starts from changed: "
@@ -280,6 +332,11 @@ class EloRun(Rollouts):
                 )
             chosen = StagePlan(tuple(record.references), record.prior_rating)
             self.plans[stage] = chosen
+            if promised is not None:  # replayed, as the journal promised (a kept stage: once judged)
+                if record.complete:
+                    self.pending[stage] = promised
+                else:
+                    self.ctx.note(promised)
             return chosen
         from pytest_evalreplay.numbers.elo.fit import choose_references
 
@@ -304,11 +361,11 @@ class EloRun(Rollouts):
         self.plans[stage] = chosen
         return chosen
 
-    def _judge(self, stage: int, plan: StagePlan) -> None:
-        """Every rollout of the stage that has a generation, judged against the plan's references."""
+    def _judge(self, plan: StagePlan, keys: Sequence[RolloutKey]) -> None:
+        """Every one of these rollouts that has a generation, judged against the plan's references."""
         assert self.judging is not None
         index = self.recorder.index
-        items = [(key, gen) for key in self.stage_keys(stage) if (gen := self.candidate(key)) is not None]
+        items = [(key, gen) for key in keys if (gen := self.candidate(key)) is not None]
         pool = self.elo.pool
         verdicts = self.judging.judge(
             plan.references, [(key, pool.postprocess(index.generation(gen))) for key, gen in items]
@@ -328,6 +385,7 @@ class EloRun(Rollouts):
             for key in self.stage_keys(stage)
             if item_outcome(self.plan, index, key, settings.max_attempts).status == "missing"
         ]
+        promised = self.pending.pop(stage, None)
         if missing:
             self.incomplete[stage] = missing
             return
@@ -343,7 +401,15 @@ class EloRun(Rollouts):
             and record.fingerprint == self.fingerprints[stage - 1]
             and same_rating(record.rating, fit.rating)
         ):
+            if promised is not None:
+                self.ctx.note(promised)
             return  # kept as recorded: the journal says it already
+        if promised is not None:  # kept, and judged again: its verdicts moved the rating
+            self.ctx.note(
+                f"{self.name}: stage {stage}/{len(self.elo.stages)} judged again: ELO "
+                f"{shown(record.rating if record is not None else None)} -> {shown(fit.rating)} "
+                "(its verdicts changed)"
+            )
         self.recorder.add(
             [complete_row(stage, fit.rating, fit.se, self.fingerprints[stage - 1], self.ctx.run_id)]
         )
@@ -363,6 +429,11 @@ class EloRun(Rollouts):
         return self.outcome
 
     def before_finish(self) -> None:
+        stages = self.log().stages
+        for stage in sorted(self.pending):  # complete stages this run did not drive stand as recorded
+            line = self.pending.pop(stage)
+            if (record := stages.get(stage)) is not None and record.complete:
+                self.ctx.note(line)
         assert self.judging is not None
         self.judging.write_files()  # no stage is driven at the end
 

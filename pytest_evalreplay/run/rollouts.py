@@ -92,12 +92,17 @@ class Rollouts(ABC):
         return [inst["id"] for inst in self.task.instances]
 
     def chunk(self, batch_size: int | None) -> None:
-        self.chunks = planning.chunks(self.decisions.run, batch_size)
+        self.chunks = planning.chunks(self.decisions.run, batch_size, self.chunks_by_stage)
         self.chunk_of = {rk: n for n, chunk in enumerate(self.chunks) for rk in chunk}
         wanted: dict[RequestKey, list[int]] = {}
         for stage, iid, rollout in self.decisions.run:
             wanted.setdefault((stage, iid), []).append(rollout)
         self.rollouts_of = {rk: tuple(sorted(rs)) for rk, rs in wanted.items()}
+
+    @property
+    def chunks_by_stage(self) -> bool:
+        """Whether no chunk may hold two stages' requests (an ELO run's)."""
+        return False
 
     def is_reused(self, key: RolloutKey) -> bool:
         return key in self.decisions.reuse

@@ -263,13 +263,15 @@ def refuse_own_links(directory: Path) -> None:
         refuse_link(path)
         if os.path.lexists(path) and not path.is_dir():
             raise not_own_dir(path)
+        if path.is_dir():  # a link planted among its locks would fail every item that takes one
+            _refuse_links_in(path)
+    _refuse_links_in(directory, lambda name: name.startswith(".") and name.endswith(".lock"))
+
+
+def _refuse_links_in(directory: Path, named: Callable[[str], bool] = lambda name: True) -> None:
     try:
         with os.scandir(directory) as entries:
-            links = [
-                e.name
-                for e in entries
-                if e.name.startswith(".") and e.name.endswith(".lock") and e.is_symlink()
-            ]
+            links = [e.name for e in entries if named(e.name) and e.is_symlink()]
     except OSError as exc:
         raise os_error(directory, exc, "list") from None
     if links:

@@ -106,6 +106,17 @@ def refuse_link(path: Path) -> None:
         raise link_error(path)
 
 
+def shown_path(path: Path) -> Path:
+    """A path as printed: with `.` and `..` folded (`a/../runs` -> `runs`)
+    where that names the same folder, else resolved (a link before `..`
+    leads elsewhere than folding says)."""
+    folded = Path(os.path.normpath(path))
+    try:
+        return folded if os.path.samefile(folded, path) else path.resolve()
+    except OSError:
+        return path
+
+
 def own_dir(path: Path) -> Path:
     """A folder the plugin keeps in the output dir, created if missing: never
     a link (writes or deletes there would reach the link's target)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pytest_evalreplay.fingerprint import describe_change
@@ -29,6 +30,18 @@ from pytest_evalreplay.numbers.metrics import item_outcome
 from pytest_evalreplay.numbers.planning import TaskPlan
 
 
+@dataclass(frozen=True)
+class StageLine:
+    """What a run says of a stage. `provisional`: what the journal promises
+    (kept, replayed), said only once the run has driven the stage and it
+    held (re-judging can move a rating, and a recorded plan then stands no
+    more), so no line is contradicted by a later one."""
+
+    stage: int | None
+    text: str
+    provisional: bool = False
+
+
 def replan_from(
     name: str,
     total: int,
@@ -38,12 +51,12 @@ def replan_from(
     fingerprints: Sequence[str],
     configs: Sequence[Mapping[str, Any]],
     judged: Callable[[int], int],
-) -> tuple[int, list[str]]:
+) -> tuple[int, list[StageLine]]:
     """The first stage planned afresh, and one line per stage saying what
     happens to it. `resume_stage` is --resume-stage's N (0: given without N,
     None: not given); `judged(s)` counts stage s's judged pairs (asked only
     of a kept stage, for its line)."""
-    lines: list[str] = []
+    lines: list[StageLine] = []
     if not resuming:
         return 1, lines
     first_fresh = total + 1
@@ -51,7 +64,9 @@ def replan_from(
     if resume_stage is not None:
         first = resume_stage or stage_of_first_incomplete(log, fingerprints)
         if first > total and not resume_stage:
-            lines.append(f"{name}: every stage is complete: --resume-stage has nothing to run again")
+            lines.append(
+                StageLine(None, f"{name}: every stage is complete: --resume-stage has nothing to run again")
+            )
         elif first > total:
             raise EvalReplayError(f"--resume-stage={first}: {name!r} has only {total} stages")
         check_kept_stages(name, log, fingerprints, configs, first)
@@ -59,24 +74,26 @@ def replan_from(
     for stage in range(1, total + 1):
         record = log.stages.get(stage)
         if stage >= first_fresh:
-            lines.append(f"{name}: stage {stage}/{total} planned afresh ({why})")
+            lines.append(StageLine(stage, f"{name}: stage {stage}/{total} planned afresh ({why})"))
         elif record is None:
-            lines.append(f"{name}: stage {stage}/{total} not started yet")
+            lines.append(StageLine(stage, f"{name}: stage {stage}/{total} not started yet"))
         elif record.fingerprint != fingerprints[stage - 1]:
             why = describe_change(record.config, configs[stage - 1])
             first_fresh = stage
-            lines.append(f"{name}: stage {stage}/{total} planned afresh ({why})")
+            lines.append(StageLine(stage, f"{name}: stage {stage}/{total} planned afresh ({why})"))
             why = f"stage {stage} changed"
         elif record.complete:
             rating = f"ELO {shown(record.rating)}" + (f" +- {record.se:.0f}" if record.se is not None else "")
             pairs = f"{judged(stage)} judged pairs"
-            lines.append(f"{name}: stage {stage}/{total} kept from the journal: {rating} ({pairs})")
+            text = f"{name}: stage {stage}/{total} kept from the journal: {rating} ({pairs})"
+            lines.append(StageLine(stage, text, provisional=True))
         else:
             refs = ", ".join(record.references)
-            lines.append(
+            text = (
                 f"{name}: stage {stage}/{total} replayed from the journal: {len(record.task_ids)} tasks vs "
                 f"{len(record.references)} references [{refs}]"
             )
+            lines.append(StageLine(stage, text, provisional=True))
     return first_fresh, lines
 
 
