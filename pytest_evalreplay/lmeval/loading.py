@@ -13,9 +13,10 @@ task is collected: never a traceback from lm-eval's internals.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,7 @@ def load(
                 "give the folder that holds your task YAML files"
             )
     # lm-eval's and datasets' progress bars write to stderr while pytest collects.
-    with contextlib.redirect_stderr(io.StringIO()):
+    with contextlib.redirect_stderr(io.StringIO()), compiled_templates():
         found = _find(TaskManager, spec, include_path, where)
         tasks, groups, top = _members(found, spec, where)
         for name, task in tasks.items():
@@ -151,6 +152,31 @@ def _members(
     tops = [g for g in groups if g not in children]
     top = spec if spec in groups else (tops[0] if len(tops) == 1 else None)
     return tasks, groups, top
+
+
+@contextlib.contextmanager
+def compiled_templates() -> Iterator[None]:
+    """lm-eval compiles a jinja template again on every render
+    (`lm_eval.utils.apply_template`: about 8 per document, nearly all of its
+    CPU per request); while this is open each template text is compiled once,
+    in lm-eval's own environment, so the rendered strings are the same."""
+    from lm_eval import utils
+
+    original = utils.apply_template
+    if getattr(original, "compiled_once", False):
+        yield  # already open (a nested use)
+        return
+    compile_once = functools.lru_cache(maxsize=1024)(utils.env.from_string)
+
+    def apply_template(template: str, doc: dict[str, Any]) -> str:
+        return compile_once(template).render(**doc)
+
+    apply_template.compiled_once = True  # type: ignore[attr-defined]
+    utils.apply_template = apply_template
+    try:
+        yield
+    finally:
+        utils.apply_template = original
 
 
 def _build(task: Any, limit: float | None, chat: Chat, where: str) -> None:

@@ -218,7 +218,10 @@ class LmEvalMixin:
             if loaded.output_type == "loglikelihood_rolling":
                 responses = [responses[0][0]]  # lm-eval's rolling answer: the log-likelihood alone
         try:
-            return scoring.score_document(loaded.tasks[doc.task], self._pipes[doc.task], doc.doc, responses)
+            with loading.compiled_templates():  # process_results renders doc_to_target / doc_to_choice
+                return scoring.score_document(
+                    loaded.tasks[doc.task], self._pipes[doc.task], doc.doc, responses
+                )
         except EvalReplayError as exc:
             raise EvalReplayError(f"task {self.name!r}, document {instance['id']}: {exc}") from None
 
