@@ -154,6 +154,15 @@ def _members(
     return tasks, groups, top
 
 
+@functools.lru_cache(maxsize=1024)
+def _compile_once(template: str) -> Any:
+    """A template text compiled in lm-eval's jinja environment, kept for the
+    process (every document and every answer scored renders the same few)."""
+    from lm_eval import utils
+
+    return utils.env.from_string(template)
+
+
 @contextlib.contextmanager
 def compiled_templates() -> Iterator[None]:
     """lm-eval compiles a jinja template again on every render
@@ -166,10 +175,9 @@ def compiled_templates() -> Iterator[None]:
     if getattr(original, "compiled_once", False):
         yield  # already open (a nested use)
         return
-    compile_once = functools.lru_cache(maxsize=1024)(utils.env.from_string)
 
     def apply_template(template: str, doc: dict[str, Any]) -> str:
-        return compile_once(template).render(**doc)
+        return _compile_once(template).render(**doc)
 
     apply_template.compiled_once = True  # type: ignore[attr-defined]
     utils.apply_template = apply_template
