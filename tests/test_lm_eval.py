@@ -251,3 +251,30 @@ def journaled_gens(project: Path) -> set[str]:
         except orjson.JSONDecodeError:
             continue  # a torn last line
     return {r["instance_id"] for r in rows if r.get("type") == "gen"}
+
+
+@needs_lm_eval
+def test_compiled_templates_render_what_lm_eval_renders_and_put_its_function_back() -> None:
+    import jinja2
+    from lm_eval import utils
+
+    from pytest_evalreplay.lmeval.loading import compiled_templates
+
+    original = utils.apply_template
+    doc = {"question": "1+2", "choices": ["red", "blue"], "gold": 1}
+    template = (
+        "Question: {{question}}\n{{choices | join(', ')}} {{ choices[gold] | regex_replace('e', 'E') }}\n"
+    )
+    expected = original(template, doc)
+    with compiled_templates():
+        assert utils.apply_template is not original
+        assert utils.apply_template(template, doc) == expected
+        assert utils.apply_template(template, {**doc, "question": "2+2"}) == original(
+            template, {**doc, "question": "2+2"}
+        )
+        with compiled_templates():  # nested: still the one cache, and put back only by the outer
+            assert utils.apply_template(template, doc) == expected
+        assert utils.apply_template is not original
+        with pytest.raises(jinja2.UndefinedError):  # lm-eval's StrictUndefined still refuses a missing field
+            utils.apply_template("{{nope}}", doc)
+    assert utils.apply_template is original
