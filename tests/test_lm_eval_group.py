@@ -75,3 +75,23 @@ def test_a_group_mixing_output_types_is_a_collection_error(tmp_path: Path, stub:
     assert done.returncode == pytest.ExitCode.INTERRUPTED, out
     assert "lm-eval task 'tiny_group': its tasks mix output types (generate_until, multiple_choice)" in out
     assert "Traceback" not in out and "lm_eval/" not in out, out
+
+
+@needs_lm_eval
+@pytest.mark.slow
+def test_a_group_under_xdist_gives_the_serial_runs_metrics(tmp_path: Path, stub: StubServer) -> None:
+    write_mc_group(tmp_path / "tasks")
+    serial = run_plugin(tmp_path, stub, name="tiny_group")
+    assert serial.returncode == 0, serial.stdout[-3000:] + serial.stderr[-3000:]
+    asked = stub.received
+    spread = run_plugin(
+        tmp_path, stub, "-p", "xdist", "-n", "2", "--evalreplay-output=run-n2", name="tiny_group"
+    )
+    assert spread.returncode == 0, spread.stdout[-3000:] + spread.stderr[-3000:]
+    assert "15 passed" in spread.stdout, spread.stdout[-3000:]
+    metrics = [
+        orjson.loads((tmp_path / d / "tiny_group-metrics.json").read_bytes())["metrics"]
+        for d in ("run", "run-n2")
+    ]
+    assert metrics[0] == metrics[1]
+    assert stub.received == 2 * asked  # each document asked once more, by one worker
