@@ -10,88 +10,29 @@ extra) and skip without it.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
-from importlib.util import find_spec
 from pathlib import Path
 
 import orjson
 import pytest
 from http_stub import StubServer
 from lm_eval_tasks import (
-    lm_eval_command,
+    MODULE,
+    as_ours,
     lm_eval_env,
-    lm_eval_results,
+    needs_lm_eval,
+    our_metrics,
+    provider_args,
+    run_plugin,
+    their_metrics,
     write_arith,
     write_tiny_mc,
     write_tiny_ppl,
 )
 from subprocess_pytest import PYTEST, child_env
-
-NEEDS = "lm-evaluation-harness is not installed (pip install 'pytest-evalreplay[lm-eval]')"
-needs_lm_eval = pytest.mark.skipif(find_spec("lm_eval") is None, reason=NEEDS)
-
-MODULE = """
-from pytest_evalreplay import EvalTask
-{name} = EvalTask.from_lm_eval("{name}", include_path="tasks/"{extra})
-"""
-
-
-def run_plugin(
-    project: Path,
-    stub: StubServer,
-    *args: str,
-    name: str = "arith",
-    extra: str = "",
-    env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """pytest with the plugin on `project`'s test module, against the stub."""
-    (project / "test_lm.py").write_text(MODULE.format(name=name, extra=extra), encoding="utf-8")
-    cmd = [
-        *PYTEST,
-        "-q",
-        "test_lm.py",
-        *provider_args(stub, args),
-        *args,
-    ]
-    env = child_env(**lm_eval_env(project / "hf"), **(env or {}))
-    return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
-
-
-def provider_args(stub: StubServer, args: tuple[str, ...]) -> list[str]:
-    """The stub as the provider, unless the run replays (`--evalreplay-predictions`)."""
-    out = [] if any(a.startswith("--evalreplay-output") for a in args) else ["--evalreplay-output=run"]
-    if any(a.startswith("--evalreplay-predictions") for a in args):
-        return out
-    return [
-        *out,
-        "--evalreplay-provider=openai",
-        "--evalreplay-model=stub-model",
-        f"--evalreplay-base-url={stub.url}",
-    ]
-
-
-def our_metrics(project: Path, task: str) -> dict[str, float]:
-    return orjson.loads((project / "run" / f"{task}-metrics.json").read_bytes())["metrics"]
-
-
-def their_metrics(project: Path, task: str, stub: StubServer, model: str = "local-completions") -> dict:
-    cmd = lm_eval_command(task, project / "tasks", project / "lm-eval-out", stub.url, model)
-    done = subprocess.run(cmd, env=lm_eval_env(project / "hf"), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return lm_eval_results(project / "lm-eval-out")["results"][task]
-
-
-def as_ours(results: dict) -> dict[str, float]:
-    """lm-eval's `metric,filter` keys as the plugin names them (`none` dropped), stderrs left out."""
-    out = {}
-    for key, value in results.items():
-        if "," not in key or "_stderr," in key:
-            continue
-        metric, filt = key.split(",", 1)
-        out[metric if filt == "none" else key] = value
-    return out
 
 
 @needs_lm_eval
@@ -208,7 +149,8 @@ def test_without_lm_eval_the_task_is_a_collection_error_naming_the_extra(
     fake = tmp_path / "no-lm-eval" / "lm_eval"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError(\"No module named 'lm_eval'\")\n", encoding="utf-8")
-    done = run_plugin(tmp_path, stub, "--collect-only", env={"PYTHONPATH": str(fake.parent)})
+    path = os.pathsep.join(filter(None, [str(fake.parent), os.environ.get("PYTHONPATH")]))
+    done = run_plugin(tmp_path, stub, "--collect-only", env={"PYTHONPATH": path})
     out = done.stdout + done.stderr
     assert done.returncode == pytest.ExitCode.INTERRUPTED, out
     assert "lm-eval task 'arith': EvalTask.from_lm_eval needs lm-evaluation-harness" in out, out
@@ -309,3 +251,30 @@ def journaled_gens(project: Path) -> set[str]:
         except orjson.JSONDecodeError:
             continue  # a torn last line
     return {r["instance_id"] for r in rows if r.get("type") == "gen"}
+
+
+@needs_lm_eval
+def test_compiled_templates_render_what_lm_eval_renders_and_put_its_function_back() -> None:
+    import jinja2
+    from lm_eval import utils
+
+    from pytest_evalreplay.lmeval.loading import compiled_templates
+
+    original = utils.apply_template
+    doc = {"question": "1+2", "choices": ["red", "blue"], "gold": 1}
+    template = (
+        "Question: {{question}}\n{{choices | join(', ')}} {{ choices[gold] | regex_replace('e', 'E') }}\n"
+    )
+    expected = original(template, doc)
+    with compiled_templates():
+        assert utils.apply_template is not original
+        assert utils.apply_template(template, doc) == expected
+        assert utils.apply_template(template, {**doc, "question": "2+2"}) == original(
+            template, {**doc, "question": "2+2"}
+        )
+        with compiled_templates():  # nested: still the one cache, and put back only by the outer
+            assert utils.apply_template(template, doc) == expected
+        assert utils.apply_template is not original
+        with pytest.raises(jinja2.UndefinedError):  # lm-eval's StrictUndefined still refuses a missing field
+            utils.apply_template("{{nope}}", doc)
+    assert utils.apply_template is original

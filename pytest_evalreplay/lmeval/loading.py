@@ -13,9 +13,10 @@ task is collected: never a traceback from lm-eval's internals.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,19 +42,51 @@ class DocRequests:
     context: Context
     continuations: tuple[str, ...] = ()
     gen_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    task: str = ""  # its lm-eval task's name
+
+    def instance_id(self, grouped: bool) -> str:
+        """`doc_id`; in a group or tag, `subtask/doc_id` (doc ids repeat across subtasks)."""
+        return f"{self.task}/{self.doc_id}" if grouped else str(self.doc_id)
+
+
+@dataclass(frozen=True)
+class Chat:
+    """How the prompt is laid out, as `lm_eval`'s `--apply_chat_template`,
+    `--fewshot_as_multiturn` and `--system_instruction` lay it out: chat
+    messages (few-shot examples as turns, unless `fewshot_as_multiturn` is
+    False) or one text, with the system instruction first."""
+
+    apply_chat_template: bool = False
+    fewshot_as_multiturn: bool | None = None  # None: on with the chat template, as lm_eval's CLI
+    system_instruction: str | None = None
+
+    @property
+    def multiturn(self) -> bool:
+        if self.fewshot_as_multiturn is None:
+            return self.apply_chat_template
+        return self.fewshot_as_multiturn
 
 
 @dataclass(frozen=True)
 class Loaded:
-    """A task lm-eval built: its name, output type, documents in lm-eval's
-    order, and the lm-eval `Task` object (`process_results`, filters,
-    `aggregation`, `higher_is_better`)."""
+    """A task, group or tag lm-eval built: its name, output type, the
+    documents of every task in lm-eval's order, the lm-eval `Task` objects
+    by name (`process_results`, filters, `aggregation`, `higher_is_better`),
+    and for a group its lm-eval `Group`s by name (`aggregate`), `group` the
+    one named."""
 
     name: str
     output_type: str
     docs: tuple[DocRequests, ...]
-    task: Any
-    num_fewshot: int
+    tasks: Mapping[str, Any]
+    num_fewshot: Mapping[str, int]
+    groups: Mapping[str, Any] = field(default_factory=dict)
+    group: str | None = None
+
+    @property
+    def grouped(self) -> bool:
+        """A group or tag: instance ids and metric names carry the subtask."""
+        return len(self.tasks) > 1 or bool(self.groups)
 
 
 def task_label(spec: str) -> str:
@@ -66,7 +99,7 @@ def load(
     num_fewshot: int | None,
     limit: float | None,
     fewshot_seed: int | None,
-    apply_chat_template: bool,
+    chat: Chat,
 ) -> Loaded:
     """Find, build and check the task; EvalReplayError naming it otherwise."""
     where = task_label(spec)
@@ -85,16 +118,76 @@ def load(
                 "give the folder that holds your task YAML files"
             )
     # lm-eval's and datasets' progress bars write to stderr while pytest collects.
-    with contextlib.redirect_stderr(io.StringIO()):
-        task = _find(TaskManager, spec, include_path, where)
-        _refuse_unservable(task, where)
-        _configure(task, num_fewshot, fewshot_seed)
-        _build(task, limit, apply_chat_template, where)
-    docs = _documents(task, where)
-    return Loaded(task.task_name, task.OUTPUT_TYPE, docs, task, int(task.config.num_fewshot or 0))
+    with contextlib.redirect_stderr(io.StringIO()), compiled_templates():
+        found = _find(TaskManager, spec, include_path, where)
+        tasks, groups, top = _members(found, spec, where)
+        for name, task in tasks.items():
+            here = f"{where} (task {name!r})" if len(tasks) > 1 else where
+            _refuse_unservable(task, here)
+            _configure(task, num_fewshot, fewshot_seed)
+            _build(task, limit, chat, here)
+    kinds = sorted({t.OUTPUT_TYPE for t in tasks.values()})
+    if len(kinds) > 1:
+        raise EvalReplayError(
+            f"{where}: its tasks mix output types ({', '.join(kinds)}); EvalTask.from_lm_eval asks one kind "
+            "of request per task: give each task (or a group of one output type) its own from_lm_eval(...)"
+        )
+    docs = tuple(d for name, task in tasks.items() for d in _documents(task, name, where))
+    shots = {name: int(task.config.num_fewshot or 0) for name, task in tasks.items()}
+    name = top if top is not None else (next(iter(tasks)) if len(tasks) == 1 else spec)
+    return Loaded(name, kinds[0], docs, tasks, shots, groups, top)
 
 
-def _build(task: Any, limit: float | None, apply_chat_template: bool, where: str) -> None:
+def _members(
+    found: Mapping[str, Any], spec: str, where: str
+) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """The leaf tasks (in lm-eval's order), the groups by name, and the
+    group the spec names (None for a task or a tag, which has no aggregate)."""
+    tasks, groups = dict(found.get("tasks", {})), dict(found.get("groups", {}))
+    if not tasks:
+        raise EvalReplayError(
+            f"{where}: lm-eval found no tasks under that name; check the group's task: list"
+        )
+    children = {c for g in groups.values() for c in g.child_names}
+    tops = [g for g in groups if g not in children]
+    top = spec if spec in groups else (tops[0] if len(tops) == 1 else None)
+    return tasks, groups, top
+
+
+@functools.lru_cache(maxsize=1024)
+def _compile_once(template: str) -> Any:
+    """A template text compiled in lm-eval's jinja environment, kept for the
+    process (every document and every answer scored renders the same few)."""
+    from lm_eval import utils
+
+    return utils.env.from_string(template)
+
+
+@contextlib.contextmanager
+def compiled_templates() -> Iterator[None]:
+    """lm-eval compiles a jinja template again on every render
+    (`lm_eval.utils.apply_template`: about 8 per document, nearly all of its
+    CPU per request); while this is open each template text is compiled once,
+    in lm-eval's own environment, so the rendered strings are the same."""
+    from lm_eval import utils
+
+    original = utils.apply_template
+    if getattr(original, "compiled_once", False):
+        yield  # already open (a nested use)
+        return
+
+    def apply_template(template: str, doc: dict[str, Any]) -> str:
+        return _compile_once(template).render(**doc)
+
+    apply_template.compiled_once = True  # type: ignore[attr-defined]
+    utils.apply_template = apply_template
+    try:
+        yield
+    finally:
+        utils.apply_template = original
+
+
+def _build(task: Any, limit: float | None, chat: Chat, where: str) -> None:
     """Every document's context and requests, by `Task.build_all_requests`
     (few-shot examples drawn in document order, as lm-eval draws them)."""
     from lm_eval.evaluator_utils import get_sample_size
@@ -104,8 +197,10 @@ def _build(task: Any, limit: float | None, apply_chat_template: bool, where: str
             limit=get_sample_size(task, limit),
             rank=0,
             world_size=1,
-            apply_chat_template=apply_chat_template,
-            chat_template=_messages if apply_chat_template else None,
+            system_instruction=chat.system_instruction,
+            apply_chat_template=chat.apply_chat_template,
+            fewshot_as_multiturn=chat.multiturn,
+            chat_template=_messages if chat.apply_chat_template else None,
         )
     except Exception as exc:
         raise EvalReplayError(
@@ -115,10 +210,10 @@ def _build(task: Any, limit: float | None, apply_chat_template: bool, where: str
         ) from None
 
 
-def _find(manager_cls: Any, spec: str, include_path: Sequence[Path], where: str) -> Any:
-    """The one task `spec` names. Tried first with the user's folders alone
-    (indexing lm-eval's hundreds of built-in tasks costs seconds), then with
-    lm-eval's own tasks too."""
+def _find(manager_cls: Any, spec: str, include_path: Sequence[Path], where: str) -> Mapping[str, Any]:
+    """What `spec` names (a task, a group or a tag), as `TaskManager.load`
+    gives it. Tried first with the user's folders alone (indexing lm-eval's
+    hundreds of built-in tasks costs seconds), then with lm-eval's own too."""
     paths = [str(p) for p in include_path]
     loaded: Any = None
     attempts = [False, True] if paths or Path(spec).suffix in (".yaml", ".yml") else [True]
@@ -138,14 +233,7 @@ def _find(manager_cls: Any, spec: str, include_path: Sequence[Path], where: str)
             "(`lm_eval ls tasks` lists them), or give include_path= the folder of your task YAML, "
             "or the path of the YAML file itself"
         )
-    tasks = loaded.get("tasks", {})
-    if len(tasks) != 1 or loaded.get("groups"):
-        names = sorted(tasks)
-        raise EvalReplayError(
-            f"{where} is a group or tag of {len(names)} tasks ({', '.join(names[:8])}"
-            f"{', ...' if len(names) > 8 else ''}); give each task its own EvalTask.from_lm_eval(...)"
-        )
-    return next(iter(tasks.values()))
+    return loaded
 
 
 def _load_failure(where: str, exc: BaseException) -> str:
@@ -225,7 +313,7 @@ def _context(value: Any) -> Context:
     return [dict(m) for m in value] if isinstance(value, list) else value
 
 
-def _documents(task: Any, where: str) -> tuple[DocRequests, ...]:
+def _documents(task: Any, name: str, where: str) -> tuple[DocRequests, ...]:
     """Each document's requests, as build_all_requests made them."""
     by_doc: dict[int, list[Any]] = {}
     for inst in task.instances:
@@ -236,11 +324,13 @@ def _documents(task: Any, where: str) -> tuple[DocRequests, ...]:
         first = instances[0]
         if task.OUTPUT_TYPE == "generate_until":
             context, gen_kwargs = first.args[0], first.args[1]
-            out.append(DocRequests(doc_id, first.doc, _context(context), gen_kwargs=dict(gen_kwargs)))
+            out.append(
+                DocRequests(doc_id, first.doc, _context(context), gen_kwargs=dict(gen_kwargs), task=name)
+            )
             continue
         if task.OUTPUT_TYPE == "loglikelihood_rolling":
             # The whole text after the model's start token: a loglikelihood with an empty context.
-            out.append(DocRequests(doc_id, first.doc, "", (first.args[0],)))
+            out.append(DocRequests(doc_id, first.doc, "", (first.args[0],), task=name))
             continue
         contexts = {inst.args[0] for inst in instances}
         if len(contexts) != 1:
@@ -255,7 +345,9 @@ def _documents(task: Any, where: str) -> tuple[DocRequests, ...]:
                 f"{where}: apply_chat_template=True with a {task.OUTPUT_TYPE} task: log-likelihoods are "
                 "scored after a text prompt; leave apply_chat_template off for this task"
             )
-        out.append(DocRequests(doc_id, first.doc, context, tuple(inst.args[1] for inst in instances)))
+        out.append(
+            DocRequests(doc_id, first.doc, context, tuple(inst.args[1] for inst in instances), task=name)
+        )
     return tuple(out)
 
 

@@ -108,7 +108,49 @@ def aggregate(
     return values, stderr
 
 
-def higher_is_better(task: Any, names: Sequence[str]) -> dict[str, bool]:
-    """Each score's direction, by its lm-eval metric (the part before the comma)."""
-    table = task.higher_is_better() or {}
-    return {n: bool(table[n.split(",")[0]]) for n in names if n.split(",")[0] in table}
+def higher_is_better(tasks: Sequence[Any], names: Sequence[str]) -> dict[str, bool]:
+    """Each score's direction, by its lm-eval metric (the part before the
+    comma, after a `subtask/` prefix), as the first task that has it says."""
+    table: dict[str, Any] = {}
+    for task in reversed(tasks):
+        table.update(task.higher_is_better() or {})
+    out = {}
+    for name in names:
+        metric = name.rpartition("/")[2].split(",")[0]
+        if metric in table:
+            out[name] = bool(table[metric])
+    return out
+
+
+def _lm_eval_key(name: str, suffix: str = "") -> str:
+    """Our score name as lm-eval keys its results: `acc` -> `acc,none`."""
+    metric, _, filt = name.partition(",")
+    return f"{metric}{suffix},{filt or 'none'}"
+
+
+def group_aggregates(
+    groups: Mapping[str, Any], per_task: Mapping[str, tuple[Mapping[str, float], Mapping[str, float], int]]
+) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
+    """Each group's metrics and stderrs by lm-eval's own `Group.aggregate`
+    (its `aggregate_metric_list`: weighted by size or not, pooled stderr)
+    over its tasks' (values, stderrs, documents), keyed as we name scores."""
+    table: dict[str, dict[str, Any]] = {}
+    for name, (values, stderrs, count) in per_task.items():
+        row: dict[str, Any] = {"sample_len": count}
+        row.update({_lm_eval_key(k): v for k, v in values.items()})
+        row.update({_lm_eval_key(k, "_stderr"): v for k, v in stderrs.items()})
+        table[name] = row
+    out = {}
+    for group_name, group in groups.items():
+        values: dict[str, float] = {}
+        stderrs: dict[str, float] = {}
+        for key, value in group.aggregate(table).items():
+            metric, sep, filt = key.partition(",")
+            if not sep or not isinstance(value, numbers.Real):
+                continue  # alias, sample_len, or a stderr lm-eval has not ("N/A")
+            if metric.endswith("_stderr"):
+                stderrs[metric_name(metric.removesuffix("_stderr"), filt)] = float(value)
+            else:
+                values[metric_name(metric, filt)] = float(value)
+        out[group_name] = (values, stderrs)
+    return out

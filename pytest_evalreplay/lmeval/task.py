@@ -54,7 +54,7 @@ class LmEvalMixin:
         num_fewshot: int | None,
         limit: float | None,
         fewshot_seed: int | None,
-        apply_chat_template: bool,
+        chat: loading.Chat,
         seed: int | None,
         name: str | None,
         gate: Any,
@@ -84,9 +84,15 @@ class LmEvalMixin:
                 f"lm-eval task {spec!r}: limit must be a positive number "
                 "(a count, or a fraction below 1) or None"
             )
-        if not isinstance(apply_chat_template, bool):
-            raise EvalReplayError(f"lm-eval task {spec!r}: apply_chat_template must be True or False")
-        self._options = (num_fewshot, limit, fewshot_seed, apply_chat_template)
+        for field, value in (
+            ("apply_chat_template", chat.apply_chat_template),
+            ("fewshot_as_multiturn", chat.fewshot_as_multiturn),
+        ):
+            if not isinstance(value, bool) and not (field == "fewshot_as_multiturn" and value is None):
+                raise EvalReplayError(f"lm-eval task {spec!r}: {field} must be True or False")
+        if chat.system_instruction is not None and not isinstance(chat.system_instruction, str):
+            raise EvalReplayError(f"lm-eval task {spec!r}: system_instruction must be a str or None")
+        self._options = (num_fewshot, limit, fewshot_seed, chat)
         self._seed = seed
         self._loaded: loading.Loaded | None = None
         if gate is not None and not all(hasattr(gate, a) for a in ("metric", "min", "max_drop", "alpha")):
@@ -112,8 +118,8 @@ class LmEvalMixin:
         if self._loaded is None:
             num_fewshot, limit, fewshot_seed, chat = self._options
             loaded = loading.load(self._spec, self._include, num_fewshot, limit, fewshot_seed, chat)
-            self._docs = {str(d.doc_id): d for d in loaded.docs}
-            self._pipes = scoring.pipelines(loaded.task)
+            self._docs = {d.instance_id(loaded.grouped): d for d in loaded.docs}
+            self._pipes = {name: scoring.pipelines(task) for name, task in loaded.tasks.items()}
             self._instances = [{"id": iid, "doc": d.doc} for iid, d in self._docs.items()]
             self._by_id = {inst["id"]: inst for inst in self._instances}
             self._loaded = loaded
@@ -137,7 +143,7 @@ class LmEvalMixin:
     def _sampling(self, doc: loading.DocRequests) -> dict[str, Any]:
         if self.lm_eval.output_type != "generate_until":
             return {}
-        return loading.sampling(doc.gen_kwargs, self._seed, self._options[3])
+        return loading.sampling(doc.gen_kwargs, self._seed, self._options[3].apply_chat_template)
 
     def instance(self, instance_id: str) -> Instance:
         self.lm_eval  # noqa: B018 - loads
@@ -212,7 +218,10 @@ class LmEvalMixin:
             if loaded.output_type == "loglikelihood_rolling":
                 responses = [responses[0][0]]  # lm-eval's rolling answer: the log-likelihood alone
         try:
-            return scoring.score_document(loaded.task, self._pipes, doc.doc, responses)
+            with loading.compiled_templates():  # process_results renders doc_to_target / doc_to_choice
+                return scoring.score_document(
+                    loaded.tasks[doc.task], self._pipes[doc.task], doc.doc, responses
+                )
         except EvalReplayError as exc:
             raise EvalReplayError(f"task {self.name!r}, document {instance['id']}: {exc}") from None
 
@@ -226,18 +235,44 @@ class LmEvalMixin:
         """The session's numbers (a `TaskOutcome`) with lm-eval's aggregation:
         each metric as `aggregation()` computes it over the documents (a
         perplexity from its saved (loglikelihood, count) pairs, which leave the
-        metric table), the instance interval where the metric is a mean, and
-        under `lm_eval` lm-eval's stderr and `higher_is_better`."""
-        values, stderr = scoring.aggregate(self.lm_eval.task, outcome.instance_scores)
-        intervals = {k: v for k, v in outcome.intervals.items() if k in values}
+        metric table), the instance interval where the metric is the mean over
+        the documents, and under `lm_eval` lm-eval's stderr and
+        `higher_is_better`. A group's metrics are its aggregate as lm-eval's
+        `Group.aggregate` computes it, plain (`acc`), beside each task's and
+        subgroup's under `name/` (`tiny_mc_a/acc`)."""
+        loaded = self.lm_eval
+        per_task = {}
+        for name, task in loaded.tasks.items():
+            mine = {i: s for i, s in outcome.instance_scores.items() if self._docs[i].task == name}
+            per_task[name] = (*scoring.aggregate(task, mine), len(mine))
+        if not loaded.grouped:
+            values, stderr, _ = next(iter(per_task.values()))
+        else:
+            values, stderr = {}, {}
+            parts = {name: (v, e) for name, (v, e, _) in per_task.items()}
+            parts.update(scoring.group_aggregates(loaded.groups, per_task))
+            for part, (v, e) in parts.items():
+                prefix = "" if part == loaded.group else f"{part}/"
+                values.update({prefix + k: x for k, x in v.items()})
+                stderr.update({prefix + k: x for k, x in e.items()})
+        # The session's interval is over all documents pooled: it is the metric's only where the
+        # metric is that pooled mean (a task's mean; a group's aggregate weighted by size).
+        intervals = {
+            k: v
+            for k, v in outcome.intervals.items()
+            if k in values and k in outcome.metrics and abs(outcome.metrics[k] - values[k]) <= 1e-12
+        }
         extra = dict(outcome.extra)
         extra["lm_eval"] = {
-            "task": self.lm_eval.name,
-            "output_type": self.lm_eval.output_type,
-            "n-shot": self.lm_eval.num_fewshot,
+            "task": loaded.name,
+            "output_type": loaded.output_type,
+            "n-shot": dict(loaded.num_fewshot),
             "stderr": stderr,
-            "higher_is_better": scoring.higher_is_better(self.lm_eval.task, list(values)),
+            "higher_is_better": scoring.higher_is_better(list(loaded.tasks.values()), list(values)),
         }
+        if loaded.grouped:
+            extra["lm_eval"]["group"] = loaded.group
+            extra["lm_eval"]["tasks"] = list(loaded.tasks)
         return dataclasses.replace(
             outcome, metrics={k: values[k] for k in sorted(values)}, intervals=intervals, extra=extra
         )
@@ -270,13 +305,14 @@ def lm_eval_task(
     limit: float | None = None,
     fewshot_seed: int | None = 1234,
     apply_chat_template: bool = False,
+    fewshot_as_multiturn: bool | None = None,
+    system_instruction: str | None = None,
     seed: int | None = 1234,
     name: str | None = None,
     gate: Any = None,
 ) -> Any:
     """An lm-eval task as an instance of a subclass of `base` (EvalTask)."""
     obj = _task_class(base).__new__(_task_class(base))
-    obj._init_lm_eval(
-        task, caller, include_path, num_fewshot, limit, fewshot_seed, apply_chat_template, seed, name, gate
-    )
+    chat = loading.Chat(apply_chat_template, fewshot_as_multiturn, system_instruction)
+    obj._init_lm_eval(task, caller, include_path, num_fewshot, limit, fewshot_seed, chat, seed, name, gate)
     return obj
