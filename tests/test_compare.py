@@ -490,7 +490,9 @@ def test_cli_markdown_to_a_missing_folder_is_exit_2(runs, tmp_path):
     assert len(done.stderr.splitlines()) == 1 and "r.md: cannot write" in done.stderr
 
 
-@pytest.mark.parametrize("name", ["qa-predictions.jsonl", "manifest.json", "t-journal.jsonl", ".manifest.lock"])
+@pytest.mark.parametrize(
+    "name", ["qa-predictions.jsonl", "manifest.json", "t-journal.jsonl", ".manifest.lock"]
+)
 @pytest.mark.parametrize("which", [0, 1])
 def test_cli_markdown_on_a_run_dir_s_own_file_is_refused(runs, name, which, capsys):
     # The report written over a compared run's own files destroyed its results.
