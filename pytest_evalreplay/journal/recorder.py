@@ -21,16 +21,18 @@ every result it could use.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from pytest_evalreplay.credentials import configured_secrets, redact
 from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
@@ -52,6 +54,8 @@ class TaskRecorder:
     reset: bool  # discard what the journal holds, once per run, at the first write
     limit: int | None = None  # the resume snapshot: read no further at collection
     compact: bool = False  # drop superseded rows, once per run, at the first write
+    # The API keys hidden from every failure message and scoring error saved.
+    secrets: tuple[str, ...] = field(default_factory=lambda: configured_secrets(os.environ), repr=False)
     index: JournalIndex = field(init=False)
     path: Path = field(init=False)
     _buffer: list[dict[str, Any]] = field(default_factory=list)
@@ -188,7 +192,9 @@ class TaskRecorder:
         return journal.gen_row(key, rq, pv, self.run, generation)
 
     def fail(self, failure: Failure, rq: str, pv: str) -> dict[str, Any]:
-        return journal.fail_row(failure, rq, pv, self.run)
+        return journal.fail_row(
+            replace(failure, message=redact(failure.message, self.secrets)), rq, pv, self.run
+        )
 
     def score(
         self,
@@ -201,6 +207,7 @@ class TaskRecorder:
         unreadable: int = 0,
     ) -> list[dict[str, Any]]:
         """A score row, unless the journal already holds these very scores for that generation."""
+        error = None if error is None else redact(error, self.secrets)
         prior = self.index.scores.get((key, of))
         if (
             prior is not None
