@@ -54,7 +54,7 @@ from pytest_evalreplay.formats.saved import (
     split_lines,
 )
 from pytest_evalreplay.model import Context, EvalReplayError, Generation
-from pytest_evalreplay.storage.files import read_bytes
+from pytest_evalreplay.storage.files import check_line_lengths, read_bytes
 
 LAYOUT = "lm-eval"
 SAMPLES = re.compile(r"samples_(?P<task>.+)_(?P<date>\d{4}-\d\d-\d\dT[0-9.\-]+)\.jsonl(?:\.gz)?")
@@ -100,6 +100,7 @@ def read_samples(path: Path) -> list[bytes]:
             raise EvalReplayError(
                 f"{path}: not a readable gzip file ({exc}); unpack it by hand to see what is wrong"
             ) from None
+    check_line_lengths(path, data)
     return split_lines(data)
 
 

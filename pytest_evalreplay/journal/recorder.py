@@ -37,7 +37,8 @@ from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
 from pytest_evalreplay.model import Generation
-from pytest_evalreplay.storage.files import NoFollowLock, atomic_write, own_dir, read_bytes
+from pytest_evalreplay.storage import files
+from pytest_evalreplay.storage.files import NoFollowLock, atomic_write, own_dir, read_jsonl
 from pytest_evalreplay.storage.runschema import LOCKS_DIR, remove_task_files
 
 GROUP_ROWS = 256
@@ -225,7 +226,7 @@ class TaskRecorder:
 def _header_run(path: Path) -> str | None:
     try:
         with path.open("rb") as fh:
-            first = fh.readline()
+            first = fh.readline(files.MAX_LINE_BYTES + 1)  # over the cap: not JSON, and not read whole
     except OSError:
         return None
     try:
@@ -318,7 +319,7 @@ def _stage_lines(rows: Sequence[dict[str, Any] | None]) -> list[int]:
 def compact_journal(path: Path, task: str, run: str) -> None:
     """Rewrite a journal keeping `kept_lines` under a header naming `run`,
     atomically (the caller holds the task lock; a torn last line goes too)."""
-    lines = read_bytes(path).split(b"\n")[:-1]
+    lines = read_jsonl(path).split(b"\n")[:-1]
     keep = kept_lines([orjson.loads(line) if line.strip() else None for line in lines], run)
     header = journal.encode([journal.header_row(task, run)])
     atomic_write(path, itertools.chain([header], (lines[i] + b"\n" for i in keep)))
