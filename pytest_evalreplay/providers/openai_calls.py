@@ -121,6 +121,8 @@ class Caller:
                     return None
                 if isinstance(outcome, CallFailure):
                     healthy = False if outcome.server_fault else None
+                    if not outcome.retryable:  # an answer over the cap: asking again would repeat it
+                        return outcome
                     failure = outcome
                     failed_on.add(got)
                     continue
