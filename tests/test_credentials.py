@@ -29,7 +29,7 @@ class Leaky:
     def generate(self, requests):
         out = []
         for r in requests:
-            if r.instance_id == "said":
+            if r.instance_id.split("|")[0] == "said":
                 out.append(GenerationError(f"HTTP 400: bad key {KEY}; Authorization: Bearer %s" % "TOKEN"))
             elif r.instance_id == "raised":
                 raise ValueError(f"the server said: invalid api key {KEY}")
@@ -55,6 +55,8 @@ def scorer(text, instance):
 
 t = EvalTask("t", [{"id": "said"}, {"id": "raised"}, {"id": "scored"}, {"id": "ok"}],
              prompt="{id}", scorer=scorer)
+a = EvalTask("a", [{"id": "said"}], agent=lambda i, llm: llm.chat([{"role": "user", "content": "hi"}]).text,
+             scorer=scorer)
 """
 
 
@@ -77,7 +79,7 @@ def test_a_key_in_any_failure_or_note_is_never_saved_or_printed(
         "-p", "no:xdist", "--evalreplay-provider=leaky", "--evalreplay-output=run",
         "--evalreplay-report=report.md", "--junitxml=junit.xml", "-rA", "--evalreplay-max-attempts=1",
     )  # fmt: skip
-    result.assert_outcomes(passed=1, failed=3)
+    result.assert_outcomes(passed=1, failed=4)
     shown = result.stdout.str() + result.stderr.str()
     assert "bad key ***" in shown and "Bearer ***" in shown
     assert "invalid api key ***" in shown and "grader refused key ***" in shown

@@ -10,6 +10,7 @@ from the first the journal does not answer the episode runs its tools live.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 import orjson
 
 from pytest_evalreplay.agent import ToolSlot, TurnFailed, parse_call
+from pytest_evalreplay.credentials import configured_secrets, redact
 from pytest_evalreplay.journal import transcripts
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
@@ -239,7 +241,9 @@ class Episode:
             "stage": self.key[0],
             "rollout": self.key[2],
             "answer": answer,
-            "error": None if self.failure is None else self.failure[1],
+            "error": None
+            if self.failure is None
+            else redact(self.failure[1], configured_secrets(os.environ)),
             "turns": [transcripts.compact_turn(turn, messages) for turn in self.turns],
             "tool_results": self.tool_results,
             "messages": messages,
