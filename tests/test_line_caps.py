@@ -114,3 +114,21 @@ def test_a_shard_s_journal_when_merged() -> None:
         "shards/1/t-journal.jsonl:2",
         lambda: merge_journal("t-journal.jsonl", [("shards/1", lines(HEADER, LONG))], []),
     )
+
+
+def test_a_gzipped_lm_eval_samples_file_that_unpacks_like_a_bomb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same case's other half for lm-eval: a `.jsonl.gz` unpacked whole
+    however large; now a chunk at a time, refused past 200 to 1."""
+    from pytest_evalreplay.formats import lm_eval
+
+    monkeypatch.setattr(lm_eval, "MAX_RATIO_FLOOR", 1 << 16, raising=False)
+    monkeypatch.setattr(files, "MAX_LINE_BYTES", 1 << 30)
+    path = tmp_path / "samples_t_2024.jsonl.gz"
+    path.write_bytes(gzip.compress(b"\n" * (4 << 20)))
+    with pytest.raises(EvalReplayError, match=r"unpacks to over .* \(more than the 200 to 1 of real JSONL\)"):
+        read_samples(path)
+    real = lines(*(SHORT for _ in range(1000)))
+    path.write_bytes(gzip.compress(real[:500]) + gzip.compress(real[500:]))  # two members, as gzip writes
+    assert read_samples(path) == real.splitlines()
