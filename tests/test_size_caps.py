@@ -104,3 +104,26 @@ def test_a_tool_result_over_the_cap_fails_its_item_naming_the_tool(
     )
     turns = (pytester.path / "run" / "t-turns-journal.jsonl").read_bytes()
     assert b"x" * 200 not in turns
+
+
+def test_an_agent_request_over_the_cap_is_a_413_naming_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    import http.client
+    from urllib.parse import urlsplit
+
+    from pytest_evalreplay.run import endpoint as endpoint_mod
+
+    monkeypatch.setattr(endpoint_mod, "MAX_REQUEST_BYTES", CAP, raising=False)
+    endpoint = endpoint_mod.Endpoint("m")
+    try:
+        url = urlsplit(endpoint.open(object()))  # type: ignore[arg-type]
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+        body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * CAP}]})
+        headers = {"Authorization": f"Bearer {endpoint.token}", "Content-Type": "application/json"}
+        conn.request("POST", f"{url.path}/chat/completions", body=body, headers=headers)
+        answer = conn.getresponse()
+        assert answer.status == 413
+        message = orjson.loads(answer.read())["error"]["message"]
+        assert message.startswith(f"a request body of {len(body):,} bytes, over the {CAP:,}")
+        conn.close()
+    finally:
+        endpoint.stop()
