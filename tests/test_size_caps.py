@@ -3,7 +3,8 @@ HTTP answer over `openai_watchdog.MAX_BODY_BYTES` (256 MiB) fails the
 request naming the URL and the cap, read a chunk at a time, whether the
 server declared its length or not; a tool result over
 `episode.MAX_TOOL_RESULT_BYTES` (16 MiB as JSON) fails its item naming the
-tool. The caps are made small here."""
+tool; an agent's request to its endpoint over `endpoint.MAX_REQUEST_BYTES`
+is a 413. The caps are made small here."""
 
 from __future__ import annotations
 
