@@ -69,14 +69,15 @@ def assert_hidden(blob: str | bytes) -> None:
     assert KEY not in text and TOKEN not in text
 
 
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
 def test_a_key_in_any_failure_or_note_is_never_saved_or_printed(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: list[str]
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_evals=EVALS)
     result = pytester.runpytest(
-        "-p", "no:xdist", "--evalreplay-provider=leaky", "--evalreplay-output=run",
+        *(workers or ["-p", "no:xdist"]), "--evalreplay-provider=leaky", "--evalreplay-output=run",
         "--evalreplay-report=report.md", "--junitxml=junit.xml", "-rA", "--evalreplay-max-attempts=1",
     )  # fmt: skip
     result.assert_outcomes(passed=1, failed=4)
