@@ -24,6 +24,7 @@ from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.report.compare import RunComparison, compare_run_dirs
 from pytest_evalreplay.report.compare_render import render_markdown, render_text
 from pytest_evalreplay.storage.files import atomic_write
+from pytest_evalreplay.storage.runschema import is_own_file
 
 if TYPE_CHECKING:
     import pytest
@@ -155,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmp = compare_run_dirs(args.base, args.new, args.alpha)
         lines = render_text(cmp, top=args.top)
         if args.markdown is not None:
+            refuse_own_file(args.markdown, (args.base, args.new))
             atomic_write(args.markdown, render_markdown(cmp).encode())
     except EvalReplayError as exc:
         print(f"{PROG} compare: error: {' '.join(str(exc).split())}", file=sys.stderr)
@@ -196,6 +198,16 @@ def view_main(run_dir: Path, base: Path | None, output: Path, alpha: float) -> i
         return 2
     print(f"wrote {output} ({size:,} bytes): open it in a browser (it needs no network)")
     return 0
+
+
+def refuse_own_file(markdown: Path, run_dirs: Sequence[Path]) -> None:
+    """compare's report never lands on a compared run dir's own files."""
+    for run_dir in run_dirs:
+        if is_own_file(markdown, run_dir):
+            raise EvalReplayError(
+                f"--markdown {markdown} is one of the run dir {run_dir}'s own files: writing it would "
+                f"destroy saved results. Write it elsewhere, e.g. --markdown={run_dir.parent / 'compare.md'}"
+            )
 
 
 def merge_main(

@@ -84,7 +84,8 @@ class Request:
     `num_samples` is the task's configured sample count (what a saved run was
     generated with); `rollouts` says which of those samples are wanted now, so
     a resumed or `-k`-narrowed run asks only for what is missing. A provider
-    returns one `Generation` per entry of `rollouts`, in that order.
+    returns one `Generation` per entry of `rollouts`, in that order, or one
+    per sample (`num_samples`), of which the plugin takes `rollouts` by index.
     """
 
     task: str

@@ -490,6 +490,21 @@ def test_cli_markdown_to_a_missing_folder_is_exit_2(runs, tmp_path):
     assert len(done.stderr.splitlines()) == 1 and "r.md: cannot write" in done.stderr
 
 
+@pytest.mark.parametrize(
+    "name", ["qa-predictions.jsonl", "manifest.json", "t-journal.jsonl", ".manifest.lock"]
+)
+@pytest.mark.parametrize("which", [0, 1])
+def test_cli_markdown_on_a_run_dir_s_own_file_is_refused(runs, name, which, capsys):
+    # The report written over a compared run's own files destroyed its results.
+    target = runs[which] / name
+    before = target.read_bytes() if target.exists() else None
+    assert main(["compare", *map(str, runs), "--markdown", str(target)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"--markdown {target} is one of the run dir {runs[which]}'s own files" in line
+    assert "Write it elsewhere" in line
+    assert (target.read_bytes() if target.exists() else None) == before
+
+
 def test_cli_usage_errors_exit_2(runs):
     assert run_cli("compare", runs[0]).returncode == 2
     done = run_cli("compare", *runs, "--top", "-1")

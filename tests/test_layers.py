@@ -144,8 +144,9 @@ def test_no_import_cycles() -> None:
 # Providers run without pytest (EvalTask.evaluate, a user's own script) and
 # sit below everything but the data model: they read the resolved settings,
 # the request/generation types, the saved-run readers (replay) and the
-# fingerprint of a path; nothing of the session or the pytest-facing layer.
-PROVIDER_MAY_IMPORT = ("settings", "model", "fingerprint", "storage", "formats", "providers")
+# fingerprint of a path, the credentials hidden from messages; nothing of the
+# session or the pytest-facing layer.
+PROVIDER_MAY_IMPORT = ("settings", "model", "fingerprint", "credentials", "storage", "formats", "providers")
 PYTEST_FREE = ("settings.py", "model.py", "task.py", "providers", "formats")
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 
 from pytest_evalreplay.model import EvalReplayError, Generation, loglikelihoods_problem
-from pytest_evalreplay.storage.files import os_error, read_bytes
+from pytest_evalreplay.storage import files
+from pytest_evalreplay.storage.files import os_error, read_jsonl
 from pytest_evalreplay.storage.rowfields import bad_field, not_an_object, optional_string, token_count
 
 BOM = b"\xef\xbb\xbf"
@@ -46,7 +47,7 @@ def rows_of(path: Path, lines: list[bytes]) -> Iterator[tuple[int, Any]]:
 
 def parse_lines(path: Path) -> Iterator[tuple[int, bytes, Any]]:
     """Each non-blank line of a JSONL file: its number, its bytes and its row."""
-    lines = split_lines(read_bytes(path))
+    lines = split_lines(read_jsonl(path))
     for lineno, row in rows_of(path, lines):
         yield lineno, lines[lineno - 1], row
 
@@ -69,12 +70,15 @@ def bad_row(path: Path | str, lineno: int | None, expected: str) -> EvalReplayEr
 
 def first_row(path: Path) -> object:
     """The first non-blank row of a JSONL file, for sniffing layouts: None if
-    the file is empty or that row is not JSON (the reader then says so)."""
+    the file is empty, that row is not JSON or its line is over the cap (the
+    reader then says so)."""
     try:
         with path.open("rb") as fh:
-            for lineno, line in enumerate(fh, 1):
+            for lineno, line in enumerate(iter(lambda: fh.readline(files.MAX_LINE_BYTES + 2), b""), 1):
                 if lineno == 1 and line.startswith(BOM):
                     line = line[len(BOM) :]
+                if len(line.rstrip(b"\n")) > files.MAX_LINE_BYTES:
+                    return None
                 if line.strip():
                     try:
                         return orjson.loads(line)

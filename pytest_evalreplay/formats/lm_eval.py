@@ -30,7 +30,6 @@ the JSON of the message list; that is read back as chat messages.
 
 from __future__ import annotations
 
-import gzip
 import math
 import re
 import zlib
@@ -54,7 +53,7 @@ from pytest_evalreplay.formats.saved import (
     split_lines,
 )
 from pytest_evalreplay.model import Context, EvalReplayError, Generation
-from pytest_evalreplay.storage.files import read_bytes
+from pytest_evalreplay.storage.files import check_line_lengths, read_bytes
 
 LAYOUT = "lm-eval"
 SAMPLES = re.compile(r"samples_(?P<task>.+)_(?P<date>\d{4}-\d\d-\d\dT[0-9.\-]+)\.jsonl(?:\.gz)?")
@@ -90,17 +89,52 @@ def model_of(path: Path) -> str:
     return path.parent.resolve().name
 
 
+# A gzipped samples file unpacking more than this many times its size (past
+# the floor) is a bomb, not JSONL: refused before it fills memory, as an
+# inspect_ai member is (JSONL packs 5-20 to 1).
+MAX_RATIO = 200
+MAX_RATIO_FLOOR = 16 << 20
+_GUNZIP_CHUNK = 1 << 20
+
+
 def read_samples(path: Path) -> list[bytes]:
     """A samples file's lines, unpacked first if it is gzipped."""
     data = read_bytes(path)
     if path.name.endswith(".gz"):
         try:
-            data = gzip.decompress(data)
+            data = _gunzip(path, data)
         except (OSError, EOFError, zlib.error) as exc:
             raise EvalReplayError(
                 f"{path}: not a readable gzip file ({exc}); unpack it by hand to see what is wrong"
             ) from None
+    check_line_lengths(path, data)
     return split_lines(data)
+
+
+def _gunzip(path: Path, data: bytes) -> bytes:
+    """`data` unpacked (every gzip member, as `gzip.decompress`) a chunk at a
+    time, refused once it passes MAX_RATIO times its packed size."""
+    limit = max(MAX_RATIO_FLOOR, MAX_RATIO * len(data))
+    parts: list[bytes] = []
+    size, rest = 0, data
+    while rest.strip(b"\0"):
+        unpack = zlib.decompressobj(wbits=31)
+        pending = rest
+        while not unpack.eof:
+            piece = unpack.decompress(pending, _GUNZIP_CHUNK)
+            pending = unpack.unconsumed_tail
+            if not (piece or pending or unpack.eof):
+                raise EOFError("the file ends inside a gzip member")
+            size += len(piece)
+            if size > limit:
+                raise EvalReplayError(
+                    f"{path}: unpacks to over {limit:,} bytes from {len(data):,} (more than the {MAX_RATIO} "
+                    "to 1 of real JSONL): it looks like a gzip bomb, not lm-eval samples; unpack it by hand "
+                    "if it is real"
+                )
+            parts.append(piece)
+        rest = unpack.unused_data
+    return b"".join(parts)
 
 
 def load_files(builder: IndexBuilder, paths: list[Path]) -> None:

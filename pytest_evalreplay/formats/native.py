@@ -59,7 +59,8 @@ from pytest_evalreplay.formats.saved import (
     split_lines,
 )
 from pytest_evalreplay.model import EvalReplayError
-from pytest_evalreplay.storage.files import os_error, read_bytes
+from pytest_evalreplay.storage import files
+from pytest_evalreplay.storage.files import os_error, read_jsonl
 from pytest_evalreplay.storage.rowfields import bad_field, not_an_object, show
 from pytest_evalreplay.storage.runschema import (
     JUDGE_PREDICTIONS_SUFFIX,
@@ -133,10 +134,10 @@ def load_file(builder: IndexBuilder, path: Path) -> None:
     except OSError as exc:
         raise os_error(requests_path, exc, "read") from None
     with requests:
-        data = read_bytes(path)
+        data = read_jsonl(path)
         in_step = _load_in_step(builder, path, task, requests, data)
     if not in_step:
-        lines = split_lines(read_bytes(requests_path))
+        lines = split_lines(read_jsonl(requests_path))
         _load_general(builder, path, requests_path, task, lines, split_lines(data))
 
 
@@ -254,8 +255,8 @@ def line_bounds(data: bytes) -> Any:
 def request_blocks(requests: BinaryIO) -> Iterator[list[bytes]]:
     """A requests file's lines as `split_lines` gives them, `BLOCK` at a time
     (the last block shorter), read `_CHUNK` bytes at a time from the start;
-    a ValueError for a file that begins with a byte order mark (the general
-    way reads those)."""
+    a ValueError for a file that begins with a byte order mark or holds a
+    line over the cap (the general way reads those, or names that line)."""
     requests.seek(0)
     pending: list[bytes] = []
     rest = b""
@@ -264,8 +265,11 @@ def request_blocks(requests: BinaryIO) -> Iterator[list[bytes]]:
         if start and piece.startswith(BOM):
             raise ValueError("byte order mark")
         start = False
-        lines = (rest + piece).split(b"\n")
+        joined = rest + piece
+        lines = joined.split(b"\n")
         rest = lines.pop()
+        if len(joined) > files.MAX_LINE_BYTES and max(map(len, [rest, *lines])) > files.MAX_LINE_BYTES:
+            raise ValueError("a line over the cap")
         pending += lines
         full = len(pending) - len(pending) % BLOCK
         for i in range(0, full, BLOCK):

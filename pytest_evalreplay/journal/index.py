@@ -16,7 +16,7 @@ import orjson
 
 from pytest_evalreplay.journal.rows import FORMAT, Failure, RolloutKey, journal_path
 from pytest_evalreplay.model import EvalReplayError, Generation
-from pytest_evalreplay.storage.files import ReadFile, os_error
+from pytest_evalreplay.storage.files import ReadFile, check_line_lengths, os_error
 
 
 class GenRef(NamedTuple):
@@ -136,6 +136,7 @@ class JournalIndex:
                 f"{self.path}:1: not a journal (its first line is not a JSON object); "
                 "delete it, or run with --evalreplay-reset to discard this task's saved results"
             )
+        check_line_lengths(self.path, data, self.lineno + 1)
         self._parse(data)
 
     def _parse(self, data: bytes) -> None:

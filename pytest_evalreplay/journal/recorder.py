@@ -21,21 +21,24 @@ every result it could use.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from pytest_evalreplay.credentials import configured_secrets, redact
 from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
 from pytest_evalreplay.model import Generation
-from pytest_evalreplay.storage.files import NoFollowLock, atomic_write, own_dir, read_bytes
+from pytest_evalreplay.storage import files
+from pytest_evalreplay.storage.files import NoFollowLock, atomic_write, own_dir, read_jsonl
 from pytest_evalreplay.storage.runschema import LOCKS_DIR, remove_task_files
 
 GROUP_ROWS = 256
@@ -52,6 +55,8 @@ class TaskRecorder:
     reset: bool  # discard what the journal holds, once per run, at the first write
     limit: int | None = None  # the resume snapshot: read no further at collection
     compact: bool = False  # drop superseded rows, once per run, at the first write
+    # The API keys hidden from every failure message and scoring error saved.
+    secrets: tuple[str, ...] = field(default_factory=lambda: configured_secrets(os.environ), repr=False)
     index: JournalIndex = field(init=False)
     path: Path = field(init=False)
     _buffer: list[dict[str, Any]] = field(default_factory=list)
@@ -188,7 +193,9 @@ class TaskRecorder:
         return journal.gen_row(key, rq, pv, self.run, generation)
 
     def fail(self, failure: Failure, rq: str, pv: str) -> dict[str, Any]:
-        return journal.fail_row(failure, rq, pv, self.run)
+        return journal.fail_row(
+            replace(failure, message=redact(failure.message, self.secrets)), rq, pv, self.run
+        )
 
     def score(
         self,
@@ -201,6 +208,7 @@ class TaskRecorder:
         unreadable: int = 0,
     ) -> list[dict[str, Any]]:
         """A score row, unless the journal already holds these very scores for that generation."""
+        error = None if error is None else redact(error, self.secrets)
         prior = self.index.scores.get((key, of))
         if (
             prior is not None
@@ -218,7 +226,7 @@ class TaskRecorder:
 def _header_run(path: Path) -> str | None:
     try:
         with path.open("rb") as fh:
-            first = fh.readline()
+            first = fh.readline(files.MAX_LINE_BYTES + 1)  # over the cap: not JSON, and not read whole
     except OSError:
         return None
     try:
@@ -311,7 +319,7 @@ def _stage_lines(rows: Sequence[dict[str, Any] | None]) -> list[int]:
 def compact_journal(path: Path, task: str, run: str) -> None:
     """Rewrite a journal keeping `kept_lines` under a header naming `run`,
     atomically (the caller holds the task lock; a torn last line goes too)."""
-    lines = read_bytes(path).split(b"\n")[:-1]
+    lines = read_jsonl(path).split(b"\n")[:-1]
     keep = kept_lines([orjson.loads(line) if line.strip() else None for line in lines], run)
     header = journal.encode([journal.header_row(task, run)])
     atomic_write(path, itertools.chain([header], (lines[i] + b"\n" for i in keep)))

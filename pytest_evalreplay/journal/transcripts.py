@@ -27,7 +27,7 @@ from pytest_evalreplay.formats.closest import difference
 from pytest_evalreplay.journal.rows import RolloutKey
 from pytest_evalreplay.model import EvalReplayError, Generation, tool_calls_problem
 from pytest_evalreplay.snippets import one_line, shorten
-from pytest_evalreplay.storage.files import atomic_write, read_bytes
+from pytest_evalreplay.storage.files import atomic_write, read_jsonl
 from pytest_evalreplay.storage.runschema import TRANSCRIPTS_SUFFIX
 
 _SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
@@ -50,7 +50,7 @@ def numbered_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """A transcripts file's rows with their line numbers (the report links
     each line); a line that is not a transcript row is left out."""
     rows = []
-    for lineno, line in enumerate(read_bytes(path).splitlines(), 1):
+    for lineno, line in enumerate(read_jsonl(path).splitlines(), 1):
         try:
             row = orjson.loads(line)
         except orjson.JSONDecodeError:
@@ -140,7 +140,7 @@ class SavedEpisodes:
                 "cannot be replayed without a model; replay a run dir written by the plugin"
             )
         episodes: dict[RolloutKey, dict[str, Any]] = {}
-        for lineno, line in enumerate(read_bytes(path).splitlines(), 1):
+        for lineno, line in enumerate(read_jsonl(path).splitlines(), 1):
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"

@@ -4,12 +4,14 @@ plus `<task>::gate` when the task has a gate. Items hold keys, not data."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_evalreplay.credentials import configured_secrets, redact
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.run.execution import RolloutResult
 from pytest_evalreplay.stages import EloEval
@@ -118,16 +120,19 @@ class TaskItem(pytest.Item):
         return super().from_parent(parent, **kwargs)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        exc = excinfo.value
+        """The item's failure in one line, with every credential in it hidden
+        (a server may echo the API key in the error an item fails with)."""
+        exc, hide = excinfo.value, configured_secrets(os.environ)
         if isinstance(exc, (ItemFailed, EvalReplayError)):
-            return f"{self.task.name} {self.name}: {exc}"
+            return redact(f"{self.task.name} {self.name}: {exc}", hide)
         if isinstance(exc, OSError):
-            return f"{self.task.name} {self.name}: {type(exc).__name__}: {exc}"
+            return redact(f"{self.task.name} {self.name}: {type(exc).__name__}: {exc}", hide)
         if isinstance(exc, Exception) and _raised_by_plugin(excinfo):
             entry = excinfo.traceback[-1]
-            return (
+            return redact(
                 f"{self.task.name} {self.name}: internal error in pytest-evalreplay: "
-                f"{type(exc).__name__}: {exc} ({entry.path}:{entry.lineno + 1}); please report it"
+                f"{type(exc).__name__}: {exc} ({entry.path}:{entry.lineno + 1}); please report it",
+                hide,
             )
         return super().repr_failure(excinfo, style=style)
 

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
+from pytest_evalreplay.credentials import API_KEY_ENV, redact
 from pytest_evalreplay.model import (
     EvalReplayError,
     GenerateResult,
@@ -55,7 +56,7 @@ from pytest_evalreplay.model import (
     Request,
 )
 from pytest_evalreplay.providers.engine_requests import unsupported
-from pytest_evalreplay.providers.openai_balancer import Balancer, Server, parse_server, redact
+from pytest_evalreplay.providers.openai_balancer import Balancer, Server, parse_server
 from pytest_evalreplay.providers.openai_breaker import GIVE_UP_AFTER, GIVE_UP_FAILURES, Breaker
 from pytest_evalreplay.providers.openai_calls import Call, Caller
 from pytest_evalreplay.providers.openai_loglikelihood import combine_scores, plan_scoring
@@ -73,7 +74,6 @@ from pytest_evalreplay.settings import DEFAULT_CONCURRENCY, Settings
 
 R = TypeVar("R")
 
-API_KEY_ENV = ("EVALREPLAY_API_KEY", "OPENAI_API_KEY")
 
 # Per-attempt limit when --evalreplay-timeout is not given.
 DEFAULT_TIMEOUT = 600.0

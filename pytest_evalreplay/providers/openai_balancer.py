@@ -8,55 +8,11 @@ without a network or a clock; the provider holds the lock and the time.
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from pytest_evalreplay.credentials import redact_url
 from pytest_evalreplay.model import EvalReplayError
-
-# `scheme://user:password@` or `scheme://user@` (also inside a longer text).
-_USERINFO = re.compile(
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://|^|\s)(?P<user>[^\s/@:]*)(?P<password>:[^\s/@]*)?@"
-)
-
-
-def redact_url(text: str) -> str:
-    """`text` with the credentials of each URL in it hidden: `user:password@`
-    becomes `user:***@`, and a URL's bare `user@` (often a token) `***@`
-    (an e-mail address outside a URL stays). Every message the openai
-    provider writes goes through this."""
-
-    def hide(m: re.Match[str]) -> str:
-        if m["password"] is not None:
-            return f"{m['scheme']}{m['user']}:***@"
-        return f"{m['scheme']}***@" if "://" in m["scheme"] else m[0]
-
-    return _USERINFO.sub(hide, text)
-
-
-# An Authorization value as a header or a JSON/Python mapping shows it, and a
-# bearer token anywhere: the scheme word is kept, the credential hidden.
-_AUTHORIZATION = re.compile(
-    r"""(?P<lead>authorization["']?\s*[:=]\s*["']?)(?P<scheme>(?:bearer|basic|token)\s+)?[^\s"',;]+""",
-    re.IGNORECASE,
-)
-_BEARER = re.compile(r"""(?P<lead>\bbearer\s+)[^\s"',;]+""", re.IGNORECASE)
-# A configured key shorter than this is not looked for in texts (`EMPTY`, `x`):
-# hiding every occurrence of a common word would garble messages, not protect a secret.
-MIN_SECRET = 6
-
-
-def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
-    """`text` with every credential in it hidden: URL passwords (`redact_url`),
-    each configured secret (the API key), and Authorization values and bearer
-    tokens, which a server may echo in an error body. Every text the openai
-    provider saves or prints goes through this."""
-    for secret in secrets:
-        if len(secret) >= MIN_SECRET:
-            text = text.replace(secret, "***")
-    text = _AUTHORIZATION.sub(lambda m: f"{m['lead']}{m['scheme'] or ''}***", text)
-    text = _BEARER.sub(lambda m: f"{m['lead']}***", text)
-    return redact_url(text)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pytest_evalreplay.providers.openai_balancer import Balancer, Server, redact
+from pytest_evalreplay.credentials import redact
+from pytest_evalreplay.providers.openai_balancer import Balancer, Server
 from pytest_evalreplay.providers.openai_breaker import Breaker
 from pytest_evalreplay.providers.openai_watchdog import Connections, Run, Watchdog, post
 from pytest_evalreplay.providers.openai_wire import (
@@ -120,6 +121,8 @@ class Caller:
                     return None
                 if isinstance(outcome, CallFailure):
                     healthy = False if outcome.server_fault else None
+                    if not outcome.retryable:  # an answer over the cap: asking again would repeat it
+                        return outcome
                     failure = outcome
                     failed_on.add(got)
                     continue

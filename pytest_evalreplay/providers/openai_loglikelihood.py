@@ -15,13 +15,13 @@ exactly as a generation's (openai_calls.py).
 
 from __future__ import annotations
 
+from pytest_evalreplay.credentials import redact_url
 from pytest_evalreplay.model import GenerationError, LoglikelihoodResult, Request
 from pytest_evalreplay.providers.loglikelihood_requests import (
     continuation_start,
     request_pairs,
     unsupported_loglikelihood,
 )
-from pytest_evalreplay.providers.openai_balancer import redact_url
 from pytest_evalreplay.providers.openai_calls import Call
 from pytest_evalreplay.providers.openai_wire import (
     TEXT_PATH,

@@ -25,6 +25,35 @@ from pytest_evalreplay.providers.openai_wire import CallFailure, ModelCheck, Res
 
 # What a server closing an idle keep-alive connection looks like.
 STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+# The most bytes of one answer read from a server, a chunk at a time: a larger
+# body (a broken server or proxy) fails the attempt instead of filling memory.
+MAX_BODY_BYTES = 256 * 2**20
+BODY_CHUNK = 1 << 20
+
+
+class BodyTooLarge(Exception):
+    """A server's answer over MAX_BODY_BYTES; the message names the URL and the cap."""
+
+
+def read_body(resp: http.client.HTTPResponse, where: str) -> bytes:
+    """`resp`'s body, refused (BodyTooLarge) past the cap: at once when its
+    Content-Length says so, else once that much has arrived."""
+    cap = MAX_BODY_BYTES
+    too_large = BodyTooLarge(
+        f"the answer from {where} is over {cap:,} bytes, the most read from a server: not read "
+        "(is that an OpenAI-compatible server, and max_tokens sensible?)"
+    )
+    declared = resp.getheader("Content-Length") or ""
+    if declared.isdigit() and int(declared) > cap:
+        raise too_large
+    parts: list[bytes] = []
+    read = 0
+    while chunk := resp.read(BODY_CHUNK):
+        parts.append(chunk)
+        read += len(chunk)
+        if read > cap:
+            raise too_large
+    return b"".join(parts)
 
 
 class Watch:
@@ -217,8 +246,11 @@ def post(
         try:
             conn.request("POST", server.prefix + path, body=data, headers=dict(headers))
             resp = conn.getresponse()
-            raw = resp.read()
+            raw = read_body(resp, where)
             got = {k.lower(): v for k, v in resp.getheaders()}
+        except BodyTooLarge as exc:
+            conns.drop(index)  # the rest of the body is still on the connection
+            return CallFailure(str(exc), retryable=False)  # the server is up: it answered
         except (OSError, http.client.HTTPException, ValueError) as exc:
             reason = watch.finish()
             conns.drop(index)
@@ -257,7 +289,9 @@ def get_models(
         watchdog.add(watch)
         conn.request("GET", f"{server.prefix}/models", headers=dict(headers))
         resp = conn.getresponse()
-        raw = resp.read()
+        raw = read_body(resp, f"{server.url}/models")
+    except BodyTooLarge as exc:
+        return ModelCheck(str(exc), down=True)
     except (OSError, http.client.HTTPException) as exc:
         if watch.finish() == "timeout" or isinstance(exc, TimeoutError):
             return ModelCheck(

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from pytest_evalreplay.credentials import redact_url
 from pytest_evalreplay.model import GenerateResult, Generation, GenerationError, Request, tool_calls_problem
 from pytest_evalreplay.providers.engine_requests import (
     GREEDY_EPS,
@@ -24,7 +25,6 @@ from pytest_evalreplay.providers.engine_requests import (
     plan_draws,
     text_prompt,
 )
-from pytest_evalreplay.providers.openai_balancer import redact_url
 
 CHAT_PATH = "/chat/completions"
 TEXT_PATH = "/completions"

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from pytest_evalreplay.credentials import configured_secrets, redact
 from pytest_evalreplay.journal import transcripts
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.numbers.metrics import item_name
@@ -140,6 +141,8 @@ class Summary:
     run_dir: str | None = None
     comparison: tuple[list[str], str] | None = None  # terminal lines, Markdown
     flipped: dict[str, set[str]] = field(default_factory=dict)  # task -> instances flipped vs --compare
+    # The API keys hidden from every line printed and the report (failure texts quote servers).
+    secrets: tuple[str, ...] = field(default_factory=lambda: configured_secrets(os.environ), repr=False)
 
     def compare_with(self, saved: Path, top: int = 20) -> None:
         """Compare this run's tasks (as its run dir holds them) with a saved run dir."""
@@ -189,7 +192,7 @@ class Summary:
         if self.comparison is not None:
             out += self.comparison[0]
         out += [f"note: {note}" for note in self.notes]
-        return [printable(line, keep_newlines=True) for line in out]  # failure texts quote answers
+        return [printable(redact(line, self.secrets), keep_newlines=True) for line in out]  # quoting answers
 
     def terminal(self, tr: pytest.TerminalReporter) -> None:
         lines = self.lines()
@@ -232,7 +235,7 @@ class Summary:
             lines += self._transcripts(d)
         if self.notes:
             lines += ["", *[f"- {note}" for note in self.notes]]
-        return "\n".join(printable(line, keep_newlines=True) for line in lines) + "\n"
+        return "\n".join(printable(redact(line, self.secrets), keep_newlines=True) for line in lines) + "\n"
 
     def _transcripts(self, doc: Mapping[str, Any]) -> list[str]:
         """An agent task's failed and flipped episodes, each embedded (in a

@@ -30,6 +30,9 @@ from pytest_evalreplay.model import EvalReplayError, Generation
 from pytest_evalreplay.run import endpoint_wire as wire
 
 HOST = "127.0.0.1"  # never another interface
+# The most an agent's request body may be: it is read whole, then saved as the
+# turn's request; a larger one is refused (413) without being read.
+MAX_REQUEST_BYTES = 256 * 2**20
 
 
 class Served(Protocol):
@@ -201,6 +204,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_REQUEST_BYTES:
+            self.close_connection = True  # its body stays unread
+            self._error(
+                413,
+                f"a request body of {length:,} bytes, over the {MAX_REQUEST_BYTES:,} the evalreplay endpoint "
+                "reads: send less (each turn's messages are saved with the run)",
+                kind="request_too_large",
+            )
+            return
         raw = self.rfile.read(length) if length else b""
         routed = self._route()
         if routed is None:

@@ -10,6 +10,7 @@ from the first the journal does not answer the episode runs its tools live.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 import orjson
 
 from pytest_evalreplay.agent import ToolSlot, TurnFailed, parse_call
+from pytest_evalreplay.credentials import configured_secrets, redact
 from pytest_evalreplay.journal import transcripts
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
@@ -30,6 +32,9 @@ from pytest_evalreplay.task import EvalTask, validate_sampling
 
 TOOL_IDENTITY = {"kind": "tool"}
 TOOL_PV = digest(TOOL_IDENTITY)
+# The most a tool result may be as JSON: it is saved with the run and sent to
+# the model, and a larger one (a whole file, a runaway loop) fails its item.
+MAX_TOOL_RESULT_BYTES = 16 * 2**20
 
 
 class Runner(Protocol):
@@ -203,12 +208,19 @@ class Episode:
 
     def tool_done(self, slot: ToolSlot, result: Any) -> None:
         try:
-            text = to_json(result).decode()
+            data = to_json(result)
         except TypeError as exc:
             raise self.fail(
                 f"{self.name}: tool {slot.name!r} returned {type(result).__name__}, not JSON ({exc}); "
                 "return JSON values (its result is saved with the run)"
             ) from None
+        if len(data) > MAX_TOOL_RESULT_BYTES:
+            raise self.fail(
+                f"{self.name}: tool {slot.name!r} returned {len(data):,} bytes of JSON, over the "
+                f"{MAX_TOOL_RESULT_BYTES:,} a tool result may hold (it is saved with the run and sent "
+                "to the model); return less (a part, a summary, a path)"
+            )
+        text = data.decode()
         self._keep(slot, result)
         self.runner.record_tool(self._tool_key(slot), self._tool_digest(slot), slot, text)
 
@@ -229,7 +241,9 @@ class Episode:
             "stage": self.key[0],
             "rollout": self.key[2],
             "answer": answer,
-            "error": None if self.failure is None else self.failure[1],
+            "error": None
+            if self.failure is None
+            else redact(self.failure[1], configured_secrets(os.environ)),
             "turns": [transcripts.compact_turn(turn, messages) for turn in self.turns],
             "tool_results": self.tool_results,
             "messages": messages,

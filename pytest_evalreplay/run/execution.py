@@ -104,7 +104,9 @@ def provider_name(provider: object) -> str:
 
 def check_result(request: Request, result: object, who: str = "provider") -> GenerateResult:
     """Hold a provider to its contract: a GenerationError, or one well-typed
-    Generation per requested rollout (for a loglikelihood request, one
+    Generation per requested rollout, or one per sample (`num_samples`: a
+    provider that answers the whole prompt, cut here to the rollouts asked,
+    by index, so a split request works as a whole one) (for a loglikelihood request, one
     (log-probability, is_greedy) pair per continuation, wrapped into one
     Generation). Anything else fails that request, naming what was wrong."""
     if isinstance(result, GenerationError):
@@ -113,10 +115,16 @@ def check_result(request: Request, result: object, who: str = "provider") -> Gen
         return result
     if request.request_type == "loglikelihood":
         return _check_loglikelihoods(request, result, who)
-    if not isinstance(result, list) or len(result) != len(request.rollouts):
+    wanted = len(request.rollouts)
+    if isinstance(result, list) and len(result) == request.num_samples != wanted:
+        result = [result[r] for r in request.rollouts]  # every sample answered: take the wanted ones
+    if not isinstance(result, list) or len(result) != wanted:
+        got = f"{len(result)} generations" if isinstance(result, list) else f"{result!r:.80}"
+        either = "" if wanted == request.num_samples else f" or {request.num_samples} (one per sample)"
         return GenerationError(
-            f"provider returned {result!r:.80} for {len(request.rollouts)} rollouts; "
-            "expected a list of Generation, one per rollout",
+            f"provider returned {got} for rollouts {request.rollouts} of num_samples="
+            f"{request.num_samples}; expected {wanted} (one per rollout, in that order){either}: "
+            "a list of Generation",
             retryable=False,
         )
     for n, gen in enumerate(result):

@@ -31,6 +31,7 @@ import orjson
 
 from pytest_evalreplay.journal.rows import FORMAT, header_row
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.storage.files import check_line_lengths
 
 CONFIG_FIELDS = {
     "requests": "requests (prompts as rendered, sampling)",
@@ -136,6 +137,7 @@ def _without_run(row: Mapping[str, Any]) -> bytes:
 
 def _rows(label: str, name: str, data: bytes, notes: list[str]) -> list[tuple[bytes, dict[str, Any]]]:
     """A journal's rows after its header (a torn last line, from a killed shard, is left out)."""
+    check_line_lengths(f"{label}/{name}", data)
     lines = data.split(b"\n")
     if lines and lines[-1].strip():
         notes.append(f"{label}/{name}:{len(lines)}: left out a torn last line (a shard killed mid-write)")

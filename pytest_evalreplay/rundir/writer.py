@@ -55,7 +55,7 @@ from pytest_evalreplay.storage.runschema import (
     SESSION_WORKERS,
     TRANSCRIPTS_SUFFIX,
     WORKERS_GONE_WAIT,
-    is_own_name,
+    is_own_file,
     prediction_row,
     request_row,
     task_files,
@@ -315,9 +315,8 @@ def refuse_writing_over_run_dir(
     for option, path in writes.items():
         if path is None:
             continue
-        target = path.resolve()
-        inside_own_dir = any(out / d in target.parents for d in OWN_DIRS)
-        if inside_own_dir or (target.parent == out and is_own_name(target.name)):
+        if is_own_file(path, out):
+            target = path.resolve()
             raise EvalReplayError(
                 f"--evalreplay-{option} {path} is one of the output dir's own files ({output}): writing "
                 f"it would destroy saved results. Write it elsewhere, e.g. "

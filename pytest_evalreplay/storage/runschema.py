@@ -74,6 +74,20 @@ def is_own_name(name: str) -> bool:
     )
 
 
+def is_own_file(path: Path, directory: Path) -> bool:
+    """Whether writing `path` would land on one of output dir `directory`'s
+    own files or folders: the one test every writer of a user-named file
+    (report, baseline, compare's Markdown) takes, so none can destroy saved
+    results. Links are followed, as the write would follow them."""
+    try:
+        out, target = directory.resolve(), path.resolve()
+    except OSError:
+        return False
+    if any(out / d == target or out / d in target.parents for d in OWN_DIRS):
+        return True
+    return target.parent == out and is_own_name(target.name)
+
+
 def task_files(directory: Path, task: str) -> dict[str, Path]:
     """A task's three files in a run dir."""
     return {
