@@ -1,4 +1,4 @@
-"""One JSONL line is at most `storage.files.MAX_LINE_BYTES` (256 MiB) in every
+"""One JSONL line is at most `storage.lines.MAX_LINE_BYTES` (256 MiB) in every
 reader: a longer one is refused naming file:line and the cap before it is
 parsed (issue 30, case 4: one 1 GB line took gigabytes). The cap is made
 small here, so nothing large is written."""
@@ -22,7 +22,7 @@ from pytest_evalreplay.journal.rows import header_row
 from pytest_evalreplay.journal.transcripts import SavedEpisodes, numbered_rows
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.rundir.merge import merge_journal
-from pytest_evalreplay.storage import files
+from pytest_evalreplay.storage import lines as line_reader
 
 CAP = 300
 SHORT = orjson.dumps({"id": "a", "instance_id": "a"})
@@ -32,7 +32,7 @@ HEADER = orjson.dumps(header_row("t", "r1"))
 
 @pytest.fixture(autouse=True)
 def small_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(files, "MAX_LINE_BYTES", CAP, raising=False)
+    monkeypatch.setattr(line_reader, "MAX_LINE_BYTES", CAP, raising=False)
 
 
 def lines(*rows: bytes) -> bytes:
@@ -124,7 +124,7 @@ def test_a_gzipped_lm_eval_samples_file_that_unpacks_like_a_bomb(
     from pytest_evalreplay.formats import lm_eval
 
     monkeypatch.setattr(lm_eval, "MAX_RATIO_FLOOR", 1 << 16, raising=False)
-    monkeypatch.setattr(files, "MAX_LINE_BYTES", 1 << 30)
+    monkeypatch.setattr(line_reader, "MAX_LINE_BYTES", 1 << 30)
     path = tmp_path / "samples_t_2024.jsonl.gz"
     path.write_bytes(gzip.compress(b"\n" * (4 << 20)))
     with pytest.raises(EvalReplayError, match=r"unpacks to over .* \(more than the 200 to 1 of real JSONL\)"):

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_evalreplay.model import EvalReplayError, Instance
-from pytest_evalreplay.storage.files import jsonl_lines, read_bytes
+from pytest_evalreplay.storage.files import read_bytes
+from pytest_evalreplay.storage.lines import jsonl_lines
 from pytest_evalreplay.storage.rowfields import show, type_name
 
 # What a pytest node id cannot hold: "::" separates its parts, "[...]" holds

@@ -13,8 +13,9 @@ from typing import Any
 import orjson
 
 from pytest_evalreplay.model import EvalReplayError, Generation, loglikelihoods_problem
-from pytest_evalreplay.storage import files
-from pytest_evalreplay.storage.files import os_error, read_jsonl
+from pytest_evalreplay.storage import lines as line_reader
+from pytest_evalreplay.storage.files import os_error
+from pytest_evalreplay.storage.lines import read_jsonl
 from pytest_evalreplay.storage.rowfields import bad_field, not_an_object, optional_string, token_count
 
 BOM = b"\xef\xbb\xbf"
@@ -74,10 +75,10 @@ def first_row(path: Path) -> object:
     reader then says so)."""
     try:
         with path.open("rb") as fh:
-            for lineno, line in enumerate(iter(lambda: fh.readline(files.MAX_LINE_BYTES + 2), b""), 1):
+            for lineno, line in enumerate(iter(lambda: fh.readline(line_reader.MAX_LINE_BYTES + 2), b""), 1):
                 if lineno == 1 and line.startswith(BOM):
                     line = line[len(BOM) :]
-                if len(line.rstrip(b"\n")) > files.MAX_LINE_BYTES:
+                if len(line.rstrip(b"\n")) > line_reader.MAX_LINE_BYTES:
                     return None
                 if line.strip():
                     try:

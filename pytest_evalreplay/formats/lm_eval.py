@@ -53,7 +53,8 @@ from pytest_evalreplay.formats.saved import (
     split_lines,
 )
 from pytest_evalreplay.model import Context, EvalReplayError, Generation
-from pytest_evalreplay.storage.files import check_line_lengths, read_bytes
+from pytest_evalreplay.storage.files import read_bytes
+from pytest_evalreplay.storage.lines import check_line_lengths
 
 LAYOUT = "lm-eval"
 SAMPLES = re.compile(r"samples_(?P<task>.+)_(?P<date>\d{4}-\d\d-\d\dT[0-9.\-]+)\.jsonl(?:\.gz)?")

@@ -59,8 +59,9 @@ from pytest_evalreplay.formats.saved import (
     split_lines,
 )
 from pytest_evalreplay.model import EvalReplayError
-from pytest_evalreplay.storage import files
-from pytest_evalreplay.storage.files import os_error, read_jsonl
+from pytest_evalreplay.storage import lines as line_reader
+from pytest_evalreplay.storage.files import os_error
+from pytest_evalreplay.storage.lines import read_jsonl
 from pytest_evalreplay.storage.rowfields import bad_field, not_an_object, show
 from pytest_evalreplay.storage.runschema import (
     JUDGE_PREDICTIONS_SUFFIX,
@@ -268,7 +269,10 @@ def request_blocks(requests: BinaryIO) -> Iterator[list[bytes]]:
         joined = rest + piece
         lines = joined.split(b"\n")
         rest = lines.pop()
-        if len(joined) > files.MAX_LINE_BYTES and max(map(len, [rest, *lines])) > files.MAX_LINE_BYTES:
+        if (
+            len(joined) > line_reader.MAX_LINE_BYTES
+            and max(map(len, [rest, *lines])) > line_reader.MAX_LINE_BYTES
+        ):
             raise ValueError("a line over the cap")
         pending += lines
         full = len(pending) - len(pending) % BLOCK

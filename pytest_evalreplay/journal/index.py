@@ -16,7 +16,8 @@ import orjson
 
 from pytest_evalreplay.journal.rows import FORMAT, Failure, RolloutKey, journal_path
 from pytest_evalreplay.model import EvalReplayError, Generation
-from pytest_evalreplay.storage.files import ReadFile, check_line_lengths, os_error
+from pytest_evalreplay.storage.files import ReadFile, os_error
+from pytest_evalreplay.storage.lines import check_line_lengths
 
 
 class GenRef(NamedTuple):

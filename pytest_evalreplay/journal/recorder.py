@@ -37,8 +37,9 @@ from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
 from pytest_evalreplay.model import Generation
-from pytest_evalreplay.storage import files
-from pytest_evalreplay.storage.files import NoFollowLock, atomic_write, own_dir, read_jsonl
+from pytest_evalreplay.storage import lines as line_reader
+from pytest_evalreplay.storage.files import NoFollowLock, atomic_write, own_dir
+from pytest_evalreplay.storage.lines import read_jsonl
 from pytest_evalreplay.storage.runschema import LOCKS_DIR, remove_task_files
 
 GROUP_ROWS = 256
@@ -226,7 +227,7 @@ class TaskRecorder:
 def _header_run(path: Path) -> str | None:
     try:
         with path.open("rb") as fh:
-            first = fh.readline(files.MAX_LINE_BYTES + 1)  # over the cap: not JSON, and not read whole
+            first = fh.readline(line_reader.MAX_LINE_BYTES + 1)  # over the cap: not JSON, and not read whole
     except OSError:
         return None
     try:

@@ -27,7 +27,8 @@ from pytest_evalreplay.formats.closest import difference
 from pytest_evalreplay.journal.rows import RolloutKey
 from pytest_evalreplay.model import EvalReplayError, Generation, tool_calls_problem
 from pytest_evalreplay.snippets import one_line, shorten
-from pytest_evalreplay.storage.files import atomic_write, read_jsonl
+from pytest_evalreplay.storage.files import atomic_write
+from pytest_evalreplay.storage.lines import read_jsonl
 from pytest_evalreplay.storage.runschema import TRANSCRIPTS_SUFFIX
 
 _SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS

@@ -22,7 +22,8 @@ import orjson
 from pytest_evalreplay.journal import transcripts
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.numbers.stats import ALPHA
-from pytest_evalreplay.storage.files import jsonl_lines, read_bytes
+from pytest_evalreplay.storage.files import read_bytes
+from pytest_evalreplay.storage.lines import jsonl_lines
 from pytest_evalreplay.storage.runschema import (
     JOURNAL_SUFFIX,
     JUDGE_SUFFIX,

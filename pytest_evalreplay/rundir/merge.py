@@ -31,7 +31,7 @@ import orjson
 
 from pytest_evalreplay.journal.rows import FORMAT, header_row
 from pytest_evalreplay.model import EvalReplayError
-from pytest_evalreplay.storage.files import check_line_lengths
+from pytest_evalreplay.storage.lines import check_line_lengths
 
 CONFIG_FIELDS = {
     "requests": "requests (prompts as rendered, sampling)",

@@ -20,7 +20,8 @@ import orjson
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.numbers.metrics import instance_means
 from pytest_evalreplay.snippets import prompt_line, trim
-from pytest_evalreplay.storage.files import jsonl_lines, read_bytes
+from pytest_evalreplay.storage.files import read_bytes
+from pytest_evalreplay.storage.lines import jsonl_lines
 from pytest_evalreplay.storage.runschema import (
     MANIFEST,
     PREDICTIONS_SUFFIX,
