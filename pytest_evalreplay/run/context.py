@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import RolloutKey
-from pytest_evalreplay.model import digest
+from pytest_evalreplay.model import EvalReplayError, digest
 from pytest_evalreplay.numbers.gates import BaselineTask, PairedDrop
 from pytest_evalreplay.numbers.metrics import TaskOutcome
 from pytest_evalreplay.numbers.planning import Decisions, TaskPlan
@@ -73,6 +73,7 @@ class RunContext:
     snapshot: Mapping[str, int] = field(default_factory=dict)
     seed: int = field(default_factory=lambda: random.SystemRandom().randrange(2**31))
     notes: list[str] = field(default_factory=list)
+    journals: list[TaskRecorder] = field(default_factory=list)  # every one open_journal made
     _output: Path | None = None
     _identity: dict[str, Any] | None = None
     _pv: str | None = None
@@ -139,7 +140,20 @@ class RunContext:
         )
         if not reset:
             recorder.read_snapshot()
+        self.journals.append(recorder)
         return recorder
+
+    def compact_journals(self) -> None:
+        """At the end of a plain run in one process: each journal this run
+        wrote drops what its rows superseded. xdist workers leave it to the
+        next run's first write: a worker at its end cannot know that no peer
+        still reads the rows it would move."""
+        if self.worker is None:
+            for recorder in self.journals:
+                try:
+                    recorder.compact_superseded()
+                except EvalReplayError as exc:
+                    self.note(f"journal not compacted: {exc}")
 
     def note(self, line: str) -> None:
         if line not in self.notes:
