@@ -110,15 +110,20 @@ def test_a_journal_cut_short_under_a_compaction_is_refused_naming_it(tmp_path):
 def test_a_recorder_compacts_at_its_end_only_what_its_run_wrote_over(tmp_path):
     write(tmp_path, ROWS[:6])
     idle = TaskRecorder(tmp_path, "t", "r1", reset=False, compact=True)
-    idle.refresh()
+    idle.read_snapshot()
     assert not idle.compact_superseded()  # wrote nothing this session: left to a run that does
     recorder = TaskRecorder(tmp_path, "t", "r1", reset=False, compact=True)
-    recorder.refresh()
+    recorder.read_snapshot()
     recorder.add([recorder.gen(K0, "rqA", "pv", Generation("again"))])
     assert recorder.compact_superseded()
     texts = [r["generation"]["text"] for r in lines_of(tmp_path) if r["type"] == "gen"]
     assert texts == ["old provider", "again"]
     assert not recorder.compact_superseded()  # nothing left to drop
+    (tmp_path / "new").mkdir()
+    first = TaskRecorder(tmp_path / "new", "t", "r1", reset=False, compact=True)
+    first.read_snapshot()
+    first.add([first.gen(K0, "rqA", "pv", Generation("a")), first.gen(K0, "rqA", "pv", Generation("b"))])
+    assert not first.compact_superseded()  # a journal of this run alone: no older run to supersede
 
 
 def test_the_compacting_runs_own_attempts_all_stay_and_older_runs_superseded_ones_go(tmp_path):

@@ -61,6 +61,7 @@ class TaskRecorder:
     _known_requests: set[str] = field(default_factory=set)
     _known_providers: set[str] = field(default_factory=set)
     _prepared: bool = False
+    _inherited: bool = False  # the journal held another run's answers when the session read it
     _lock: NoFollowLock | None = None
     # Held by add, flush, request_rows and provider_rows, so the threads of an
     # agent task (its episodes and turn batches) share one recorder without one
@@ -104,6 +105,7 @@ class TaskRecorder:
     def read_snapshot(self) -> JournalIndex:
         """The journal as it stood when the session started (for resume decisions)."""
         self.index.refresh(self.limit)
+        self._inherited = bool(self.index.gens or self.index.fails)
         return self.index
 
     def refresh(self) -> JournalIndex:
@@ -178,8 +180,8 @@ class TaskRecorder:
         (`compaction.kept`). The index is left empty (its positions were the
         old file's): call it once nothing of the session reads the journal
         again. Whether it rewrote the file."""
-        if not (self.compact and self._prepared):
-            return False
+        if not (self.compact and self._prepared and self._inherited):
+            return False  # wrote nothing, or nothing older to supersede
         with self.mutex, self.locked():
             self._append_buffer()
             self.index.refresh()
