@@ -92,3 +92,11 @@ def test_a_streamed_result_is_written_the_moment_it_arrives(tmp_path, writes):
     run(tmp_path, Streams(), told)
     assert writes == [["provider"], ["request", "gen"], ["gen"], ["gen"], ["gen"]]
     assert told == ["i0", "i1", "i2", "i3"]
+
+
+def test_a_large_calls_rows_go_out_in_groups_so_memory_stays_flat(tmp_path, writes, monkeypatch):
+    from pytest_evalreplay.run import generation
+
+    monkeypatch.setattr(generation, "GROUP_ROWS", 3)
+    run(tmp_path, Whole())
+    assert writes == [["provider"], ["request", "fail", "gen"], ["gen", "gen"], ["gen"]]

@@ -7,7 +7,9 @@ becomes a `gen` row (after the `request` row of its content) the moment it
 arrives, each failed attempt a `fail` row, and the journal is committed
 before every retry and at the end, including when the session is stopped.
 The rows of results that arrive together (a provider call that returns a
-list) go out in one write under one task lock; a streamed result's, at once.
+list) go out in one write under one task lock (a group of `GROUP_ROWS` rows
+at most, so a call of 20,000 answers does not hold every row at once); a
+streamed result's, at once.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_evalreplay.journal.recorder import TaskRecorder
+from pytest_evalreplay.journal.recorder import GROUP_ROWS, TaskRecorder
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
 from pytest_evalreplay.model import Generation, Provider, Request, RequestKey, request_content, request_digest
 from pytest_evalreplay.run.context import ProgressSink, ProviderExit
@@ -98,7 +100,7 @@ def stream_into_journal(
                     failures += 1
                     done_requests += 1
             seen.append(event)
-            if not event.together:
+            if not event.together or len(rows) >= GROUP_ROWS:  # a large call in groups: memory stays flat
                 write()
             progress.update(name, done_requests, done_samples, failures, tokens)
     except SystemExit as exc:
