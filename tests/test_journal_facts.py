@@ -12,8 +12,9 @@ import orjson
 import pytest
 
 from pytest_evalreplay.journal import rows as journal
+from pytest_evalreplay.journal.compaction import compact_journal
 from pytest_evalreplay.journal.index import JournalIndex
-from pytest_evalreplay.journal.recorder import TaskRecorder, compact_journal
+from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.rundir.merge import ShardDir, merge
 from pytest_evalreplay.storage.runschema import LOCKS_DIR

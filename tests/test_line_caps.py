@@ -16,8 +16,8 @@ from pytest_evalreplay.formats import load
 from pytest_evalreplay.formats.instances import load_instances
 from pytest_evalreplay.formats.jsonl import first_row, parse_lines
 from pytest_evalreplay.formats.lm_eval import read_samples
+from pytest_evalreplay.journal.compaction import compact_journal
 from pytest_evalreplay.journal.index import JournalIndex
-from pytest_evalreplay.journal.recorder import compact_journal
 from pytest_evalreplay.journal.rows import header_row
 from pytest_evalreplay.journal.transcripts import SavedEpisodes, numbered_rows
 from pytest_evalreplay.model import EvalReplayError

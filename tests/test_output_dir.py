@@ -211,3 +211,14 @@ def test_a_task_s_stale_temporaries_are_its_own_files_only(tmp_path: Path) -> No
     own_tmp.write_bytes(b"left by a killed writer")
     remove_stale_temporaries(tmp_path, task_files(tmp_path, "math").values())
     assert judge_tmp.exists() and not own_tmp.exists()
+
+
+def test_a_session_killed_while_writing_who_holds_the_dir_leaves_no_temporary(
+    project: pytest.Pytester,
+) -> None:
+    out = project.path / "run"
+    out.mkdir()
+    stale = out / "..evalreplay-session.json.oc56d_bc.tmp"  # as a kill mid-write leaves it
+    stale.write_bytes(b'{"run": "r0", "pi')
+    project.runpytest("--evalreplay-output=run").assert_outcomes(passed=2)
+    assert not stale.exists()

@@ -83,8 +83,10 @@ class JournalIndex:
     fails: dict[RolloutKey, list[FailRef]] = field(default_factory=dict)
     requests: dict[str, tuple[int, int]] = field(default_factory=dict)  # digest -> (offset, length)
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    provider_lines: dict[str, int] = field(default_factory=dict)  # digest -> line of its first row
     stage_rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (lineno, row)
     done: set[tuple[str, str]] = field(default_factory=set)  # (unit, run): `done` rows
+    done_lines: dict[tuple[str, str], int] = field(default_factory=dict)  # (unit, run) -> its first line
     torn: int | None = None  # line number of a torn last line, if any
     file_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read: a rewrite is a new one
     notes: list[str] = field(default_factory=list)
@@ -249,10 +251,13 @@ class JournalIndex:
             if not isinstance(row.get("provider"), dict):
                 raise EvalReplayError(f"{where}: a provider row needs a 'provider' object")
             self.providers.setdefault(pv, row["provider"])
+            self.provider_lines.setdefault(pv, self.lineno)
         elif kind == "stage":
             self.stage_rows.append((self.lineno, row))
         elif kind == "done":
-            self.done.add((_str_field(row, "unit", where), _str_field(row, "run", where)))
+            fact = (_str_field(row, "unit", where), _str_field(row, "run", where))
+            self.done.add(fact)
+            self.done_lines.setdefault(fact, self.lineno)
         else:
             raise EvalReplayError(f"{where}: unknown journal row type {kind!r}")
 

@@ -11,16 +11,17 @@ second of a write, and `flush` syncs at once. Score rows alone are buffered
 means they are computed again.
 
 Nothing but `--evalreplay-reset` discards a saved result. A run without
-`--resume` appends its generations after the older ones (it reuses none);
-before its first write it compacts the journal once, keeping per item the
-newest generation (and failure) of each request and provider, so repeated
-plain runs keep at most two generations of each, and `--resume` still finds
-every result it could use.
+`--resume` appends its generations after the older ones (it reuses none),
+and drops what they superseded (`compaction.py`: per item, the newest
+generation and failure of each request and provider stay): at its end in a
+single process, so repeated plain runs leave the journal the size one run
+leaves, and before its first write what an earlier run (killed, or under
+xdist, whose workers cannot compact at their end while peers still read)
+left. `--resume` still finds every result it could use.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import time
@@ -33,13 +34,13 @@ from typing import Any
 import orjson
 
 from pytest_evalreplay.credentials import configured_secrets, redact
+from pytest_evalreplay.journal import compaction
 from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
 from pytest_evalreplay.model import Generation
 from pytest_evalreplay.storage import lines as line_reader
-from pytest_evalreplay.storage.files import NoFollowLock, atomic_write, own_dir
-from pytest_evalreplay.storage.lines import read_jsonl
+from pytest_evalreplay.storage.files import NoFollowLock, own_dir
 from pytest_evalreplay.storage.runschema import LOCKS_DIR, remove_task_files
 
 GROUP_ROWS = 256
@@ -65,6 +66,7 @@ class TaskRecorder:
     _known_requests: set[str] = field(default_factory=set)
     _known_providers: set[str] = field(default_factory=set)
     _prepared: bool = False
+    _inherited: bool = False  # the journal held another run's answers when the session read it
     _lock: NoFollowLock | None = None
     # Held by add, flush, request_rows and provider_rows, so the threads of an
     # agent task (its episodes and turn batches) share one recorder without one
@@ -108,6 +110,7 @@ class TaskRecorder:
     def read_snapshot(self) -> JournalIndex:
         """The journal as it stood when the session started (for resume decisions)."""
         self.index.refresh(self.limit)
+        self._inherited = bool(self.index.gens or self.index.fails)
         return self.index
 
     def refresh(self) -> JournalIndex:
@@ -132,8 +135,8 @@ class TaskRecorder:
                 self.index.reset()
         elif self.compact and _header_run(self.path) != self.run:
             self.index.refresh()
-            if superseded(self.index, self.run):
-                compact_journal(self.path, self.task, self.run)
+            if compaction.superseded(self.index, self.run):
+                compaction.compact(self.index, self.run)
                 self.index.refresh()  # a new file: read afresh
         journal.ensure_header(self.directory, self.task, self.run)
         if self.index.file_id is None:
@@ -175,6 +178,23 @@ class TaskRecorder:
             self._append_buffer()
             journal.sync(self.path)
             self.index.refresh()
+
+    def compact_superseded(self) -> bool:
+        """At the end of a plain run that wrote here: drop what this run's
+        rows superseded, so the journal holds one run's worth, not two
+        (`compaction.kept`). The index is left empty (its positions were the
+        old file's): call it once nothing of the session reads the journal
+        again. Whether it rewrote the file."""
+        if not (self.compact and self._prepared and self._inherited):
+            return False  # wrote nothing, or nothing older to supersede
+        with self.mutex, self.locked():
+            self._append_buffer()
+            self.index.refresh()
+            keep = compaction.kept(self.index, self.run)
+            if not keep.dropped:
+                return False
+            compaction.compact(self.index, self.run, keep)
+        return True
 
     def request_rows(self, rq: str, content: Mapping[str, Any]) -> list[dict[str, Any]]:
         with self.mutex:
@@ -235,92 +255,3 @@ def _header_run(path: Path) -> str | None:
     except orjson.JSONDecodeError:
         return None
     return row.get("run") if isinstance(row, dict) else None
-
-
-# -- compaction -------------------------------------------------------------------------
-
-
-def superseded(index: JournalIndex, run: str) -> int:
-    """How many generations and failures of earlier runs a newer one of the
-    same item, request and provider supersedes: what a compaction drops. The
-    rows of `run` itself are left out, so once this run has written, its
-    xdist peers find nothing to compact."""
-    n = 0
-    for refs in (*index.gens.values(), *index.fails.values()):
-        older = [(r.request, r.provider) for r in refs if r.run != run]
-        n += len(older) - len(set(older))
-    return n
-
-
-def kept_lines(rows: Sequence[dict[str, Any] | None], run: str | None = None) -> list[int]:
-    """The positions of the rows a compaction keeps, in order: per item, the
-    newest generation and the newest failure of each request and provider;
-    the newest scores of each kept generation; the first request and provider
-    row of each digest they name; the first seed record, each stage's newest
-    plan and the newest matching `complete` after it; the `done` rows of
-    `run` (the compacting run: another run's say nothing now). The order is kept, so
-    every newest-wins rule of `JournalIndex` and `StageLog` reads the same.
-    The header (`None` rows too) is dropped: the caller writes a new one."""
-    keep: set[int] = set()
-    gens: set[tuple[Any, ...]] = set()
-    fails: set[tuple[Any, ...]] = set()
-    runs: dict[tuple[Any, ...], set[str]] = {}
-    scores: dict[tuple[Any, ...], int] = {}
-    named: set[tuple[str, str]] = set()
-    first: dict[tuple[str, str], int] = {}
-    done: list[int] = []
-    for i in range(len(rows) - 1, -1, -1):  # newest first
-        row = rows[i]
-        kind = row.get("type") if row is not None else None
-        if kind == "gen":
-            key = (row["stage"], row["instance_id"], row["rollout"])
-            if (key, row["request"], row["provider"]) not in gens:
-                gens.add((key, row["request"], row["provider"]))
-                runs.setdefault(key, set()).add(row["run"])
-                keep.add(i)
-        elif kind == "fail":
-            rq, pv = row["request"], row["provider"]
-            cells = {((row["stage"], row["instance_id"], r), rq, pv) for r in row["rollouts"]}
-            if cells - fails:
-                fails |= cells
-                keep.add(i)
-        elif kind == "score":
-            scores.setdefault(((row["stage"], row["instance_id"], row["rollout"]), row["of"]), i)
-        elif kind in ("request", "provider"):
-            first[(kind, row["digest"])] = i
-        elif kind == "done" and row["run"] == run:
-            done.append(i)
-        if i in keep:
-            named |= {("request", row["request"]), ("provider", row["provider"])}
-    keep.update(i for (key, of), i in scores.items() if of in runs.get(key, ()))
-    keep.update(i for name, i in first.items() if name in named)
-    keep.update(_stage_lines(rows))
-    keep.update(done)
-    return sorted(keep)
-
-
-def _stage_lines(rows: Sequence[dict[str, Any] | None]) -> list[int]:
-    seed: int | None = None
-    planned: dict[Any, tuple[int, Any]] = {}  # stage -> (position, fingerprint)
-    complete: dict[Any, int] = {}
-    for i, row in enumerate(rows):
-        if row is None or row.get("type") != "stage":
-            continue
-        kind, stage = row.get("kind"), row.get("stage")
-        if kind == "seed" and seed is None:
-            seed = i
-        elif kind == "planned":
-            planned[stage] = (i, row.get("fingerprint"))
-            complete.pop(stage, None)
-        elif kind == "complete" and stage in planned and planned[stage][1] == row.get("fingerprint"):
-            complete[stage] = i
-    return [i for i in (seed, *(i for i, _ in planned.values()), *complete.values()) if i is not None]
-
-
-def compact_journal(path: Path, task: str, run: str) -> None:
-    """Rewrite a journal keeping `kept_lines` under a header naming `run`,
-    atomically (the caller holds the task lock; a torn last line goes too)."""
-    lines = read_jsonl(path).split(b"\n")[:-1]
-    keep = kept_lines([orjson.loads(line) if line.strip() else None for line in lines], run)
-    header = journal.encode([journal.header_row(task, run)])
-    atomic_write(path, itertools.chain([header], (lines[i] + b"\n" for i in keep)))

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import RolloutKey
-from pytest_evalreplay.model import digest
+from pytest_evalreplay.model import EvalReplayError, digest
 from pytest_evalreplay.numbers.gates import BaselineTask, PairedDrop
 from pytest_evalreplay.numbers.metrics import TaskOutcome
 from pytest_evalreplay.numbers.planning import Decisions, TaskPlan
@@ -77,6 +77,7 @@ class RunContext:
     # stopping now: -x, --maxfail reached, an interrupt; None: no limit), so a
     # run starts no work pytest will not reach. The plugin sets it from pytest's session.
     failures_left: Callable[[], int | None] = lambda: None
+    journals: list[TaskRecorder] = field(default_factory=list)  # every one open_journal made
     _output: Path | None = None
     _identity: dict[str, Any] | None = None
     _pv: str | None = None
@@ -144,7 +145,20 @@ class RunContext:
         )
         if not reset:
             recorder.read_snapshot()
+        self.journals.append(recorder)
         return recorder
+
+    def compact_journals(self) -> None:
+        """At the end of a plain run in one process: each journal this run
+        wrote drops what its rows superseded. xdist workers leave it to the
+        next run's first write: a worker at its end cannot know that no peer
+        still reads the rows it would move."""
+        if self.worker is None:
+            for recorder in self.journals:
+                try:
+                    recorder.compact_superseded()
+                except EvalReplayError as exc:
+                    self.note(f"journal not compacted: {exc}")
 
     def note(self, line: str) -> None:
         if line not in self.notes:

@@ -186,6 +186,14 @@ def _plain_stream(provider: Provider, requests: list[Request], call: str) -> Ite
     yield from enumerate(results)
 
 
+def returns_whole(provider: Provider, requests: Sequence[Request]) -> bool:
+    """Whether the provider answers these requests in calls that return a
+    list (no `<call>_stream` method for any call they need): then a call's
+    results are all in hand when the first of them is."""
+    kinds = {"loglikelihood" if r.request_type == "loglikelihood" else "generate" for r in requests}
+    return not any(callable(getattr(provider, f"{kind}_stream", None)) for kind in kinds)
+
+
 def _call_stream(provider: Provider, requests: list[Request], call: str) -> Iterator[tuple[int, object]]:
     """One call of the provider: `<call>_stream` where it has one, else `<call>`."""
     stream = getattr(provider, f"{call}_stream", None)
@@ -305,18 +313,22 @@ def stream_results(
 
 @dataclass(frozen=True)
 class Done:
-    """A request generated: one Generation per requested rollout."""
+    """A request generated: one Generation per requested rollout. `together`:
+    more results of the same provider call are already in hand and follow at
+    once (a call that returns a list returns them all together)."""
 
     request: Request
     generations: list[Generation]
+    together: bool = False
 
 
 @dataclass(frozen=True)
 class Failed:
-    """One failed attempt (final or to be retried)."""
+    """One failed attempt (final or to be retried); `together` as for `Done`."""
 
     request: Request
     failure: Failure
+    together: bool = False
 
 
 @dataclass(frozen=True)
@@ -365,10 +377,12 @@ def generate_events(
     pending = list(requests)
     while pending:
         again: list[Request] = []
-        for index, result in stream_results(provider, pending, timeout):
+        whole = returns_whole(provider, pending)
+        for count, (index, result) in enumerate(stream_results(provider, pending, timeout), 1):
             request = pending[index]
+            together = whole and count < len(pending)  # every index comes exactly once
             if not isinstance(result, GenerationError):
-                yield Done(request, result)
+                yield Done(request, result, together)
                 continue
             key = request_key(request)
             attempts[key] += 1
@@ -384,6 +398,7 @@ def generate_events(
                     message=result.message,
                     final=not retry,
                 ),
+                together,
             )
             if retry:
                 again.append(request)

@@ -97,6 +97,7 @@ def finish_runs(ctx: RunContext, runs: Mapping[str, Run], rootdir: Path) -> dict
     if docs and out is not None:
         with manifest_lock(out):
             write_manifest(out, ctx.model(), ctx.provider_identity, list(docs))
+    ctx.compact_journals()  # last: nothing reads a journal after this
     return docs
 
 

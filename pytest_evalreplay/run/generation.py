@@ -6,6 +6,10 @@ streams, retries come in rounds (`execution.generate_events`), each answer
 becomes a `gen` row (after the `request` row of its content) the moment it
 arrives, each failed attempt a `fail` row, and the journal is committed
 before every retry and at the end, including when the session is stopped.
+The rows of results that arrive together (a provider call that returns a
+list) go out in one write under one task lock (a group of `GROUP_ROWS` rows
+at most, so a call of 20,000 answers does not hold every row at once); a
+streamed result's, at once.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_evalreplay.journal.recorder import TaskRecorder
+from pytest_evalreplay.journal.recorder import GROUP_ROWS, TaskRecorder
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
 from pytest_evalreplay.model import Generation, Provider, Request, RequestKey, request_content, request_digest
 from pytest_evalreplay.run.context import ProgressSink, ProviderExit
@@ -56,16 +60,32 @@ def stream_into_journal(
     recorder.add(recorder.provider_rows(pv, ident))
     progress.start(name, len(requests), sum(len(r.rollouts) for r in requests))
     done_requests = done_samples = failures = tokens = 0
+    rows: list[dict[str, Any]] = []  # of results in hand together: one write, under one lock
+    seen: list[Done | Failed] = []  # their events, told once their rows are written
+
+    def write() -> None:
+        recorder.add(rows)
+        rows.clear()
+        for event in seen:
+            key_of = event.request.instance_id if journal_id is None else journal_id(event.request)
+            if on_failure is not None and isinstance(event, Failed) and event.failure.final:
+                on_failure(event.failure)
+            if on_answer is not None and isinstance(event, Done):
+                for rollout, gen in zip(event.request.rollouts, event.generations, strict=True):
+                    on_answer((event.request.stage, key_of, rollout), gen)
+        seen.clear()
+
     try:
         for event in generate_events(provider, requests, settings.max_attempts, prior, settings.timeout):
             if isinstance(event, RoundEnd):
+                write()
                 if event.retries:
                     recorder.flush()  # failed attempts are durable before any retry
                 continue
             req = event.request
             rq = digest_of(req)
             iid = req.instance_id if journal_id is None else journal_id(req)
-            rows = recorder.request_rows(rq, content_of(req))
+            rows.extend(recorder.request_rows(rq, content_of(req)))
             if isinstance(event, Done):
                 for rollout, gen in zip(req.rollouts, event.generations, strict=True):
                     rows.append(recorder.gen((req.stage, iid, rollout), rq, pv, gen))
@@ -74,21 +94,20 @@ def stream_into_journal(
                 done_samples += len(req.rollouts)
             elif isinstance(event, Failed):
                 if iid != event.failure.instance_id:
-                    event = Failed(req, replace(event.failure, instance_id=iid))
+                    event = Failed(req, replace(event.failure, instance_id=iid), event.together)
                 rows.append(recorder.fail(event.failure, rq, pv))
                 if event.failure.final:
                     failures += 1
                     done_requests += 1
-            recorder.add(rows)
-            if on_failure is not None and isinstance(event, Failed) and event.failure.final:
-                on_failure(event.failure)
-            if on_answer is not None and isinstance(event, Done):
-                for rollout, gen in zip(req.rollouts, event.generations, strict=True):
-                    on_answer((req.stage, iid, rollout), gen)
+            seen.append(event)
+            if not event.together or len(rows) >= GROUP_ROWS:  # a large call in groups: memory stays flat
+                write()
             progress.update(name, done_requests, done_samples, failures, tokens)
     except SystemExit as exc:
         raise ProviderExit(f"the provider raised SystemExit({exc.code!r}); stopping the session") from None
     finally:
+        if rows:
+            recorder.add(rows)  # what came back is kept, also when the session is stopped
         progress.end(name)
         if settle:
             recorder.flush()  # what arrived is kept, also when the session is stopped

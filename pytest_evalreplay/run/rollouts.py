@@ -40,7 +40,7 @@ def open_recorder(
     when `--evalreplay-reset` starts it afresh). No other run discards a
     result: one without --resume reuses nothing (`planning.decide`) and
     appends its generations after the older ones, compacting the journal
-    once before its first write (`recorder.compact_journal`)."""
+    once before its first write (`journal.compaction`)."""
     recorder = ctx.open_journal(directory, name)
     if ctx.settings.reset:
         return recorder, None

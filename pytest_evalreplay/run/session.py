@@ -257,8 +257,14 @@ class EvalSession:
             self.ctx.note(note)
 
     def close(self) -> None:
+        """The session's end: the provider closed, the output dir released, and
+        every run's per-item state (journal indexes, decisions, results)
+        dropped, so pytest's last garbage collection, which runs after this,
+        does not walk it."""
         self.close_provider()
         self.release_output()
+        self.runs.clear()
+        self.ctx.journals.clear()
 
 
 def journal_provider(directory: Path, names: Sequence[str], ctx: RunContext) -> dict[str, Any]:

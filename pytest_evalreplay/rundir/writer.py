@@ -367,6 +367,7 @@ class SessionLock:
             lock.release()
             raise
         self._lock = lock
+        remove_stale_temporaries(self.directory, [self.holder_path])  # a session killed while writing it
         holder = {
             "run": self.run,
             "pid": os.getpid(),
