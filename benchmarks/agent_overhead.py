@@ -8,12 +8,13 @@ as an agent task keeps one item per episode):
 
 - `llm.chat`: `solve(instance, llm)` calling `llm.chat` / `llm.tool`, as an
   agent task, against the loop calling the provider directly.
-- the endpoint: the same loop written with the openai SDK's own client
-  (`openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key)`, the tool run
-  inside the agent), as an agent task, against the same client code answered
-  in-process by an `httpx.MockTransport` (the instant provider's replies,
-  built once). The client's own cost (building the request, parsing the
-  reply) is on both sides; the difference is the HTTP hop and the harness.
+- the endpoint: the same loop written with the openai SDK's own client (a
+  copy per episode at `llm.base_url`, the tool run inside the agent), as an
+  agent task, against the same client code talking HTTP to an instant server
+  in a process of its own, unmeasured as a real model's server would be
+  (the instant model's replies, built once). The client's own cost (its
+  request building, HTTP, reply parsing: about 6 ms a turn here) is on both
+  sides; the difference is the endpoint and the harness behind it.
 
 When inspect_ai is importable, its own agent loop (`use_tools` +
 `generate(tool_calls="loop")`) over the same instant model (a `ModelAPI`)
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scale_harness import BARE, Compared, Measure, expect_in, run_child, run_pytest, verdict
+from scale_harness import BARE, Compared, Measure, child_env, expect_in, run_child, run_pytest, verdict
 
 GOAL_CHAT_US = 100.0
 GOAL_ENDPOINT_US = 1000.0
@@ -99,16 +101,15 @@ def solve(instance, llm):
 def solve_sdk(instance, client):
     """The same loop with the openai SDK's client; the tool runs in the agent."""
     messages = [{"role": "user", "content": f"Take the steps for {instance['id']}."}]
-    with client:
-        while True:
-            message = client.chat.completions.create(model=MODEL, messages=messages, tools=[STEP])
-            message = message.choices[0].message
-            messages.append(message.model_dump(exclude_none=True))
-            if not message.tool_calls:
-                return message.content
-            for call in message.tool_calls:
-                result = step(**orjson.loads(call.function.arguments))
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
+    while True:
+        message = client.chat.completions.create(model=MODEL, messages=messages, tools=[STEP])
+        message = message.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return message.content
+        for call in message.tool_calls:
+            result = step(**orjson.loads(call.function.arguments))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
 
 
 INSTANCES = [{"id": f"e{i}"} for i in range(EPISODES)]
@@ -127,8 +128,13 @@ from agent_loop import INSTANCES, TURNS, solve_sdk
 from pytest_evalreplay import EvalTask
 
 
+# One client, each episode its copy at the episode's URL (its connection pool shared):
+# a client of its own per episode costs about 50 ms of CPU (its TLS context), on both sides.
+CLIENT = openai.OpenAI(base_url="http://unused.invalid/v1", api_key="none", max_retries=0)
+
+
 def solve(instance, llm):
-    return solve_sdk(instance, openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0))
+    return solve_sdk(instance, CLIENT.with_options(base_url=llm.base_url, api_key=llm.api_key))
 
 
 steps = EvalTask("steps", INSTANCES, agent=solve, scorer=lambda text, i: 1.0, max_turns=TURNS)
@@ -171,39 +177,75 @@ def test_episode(instance):
 """
 
 DIRECT_SDK_SIDE = """
-import httpx
+import os
+
 import openai
-import orjson
 import pytest
-from agent_loop import INSTANCES, MODEL, TURNS, reply, solve_sdk
+from agent_loop import INSTANCES, TURNS, solve_sdk
 
-
-def body(done):
-    gen = reply(done)
-    message = {"role": "assistant", "content": gen.text}
-    if gen.tool_calls:
-        message["tool_calls"] = list(gen.tool_calls)
-    return orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": MODEL,
-                         "choices": [{"index": 0, "message": message, "finish_reason": gen.finish_reason}],
-                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-
-
-BODIES = [body(done) for done in range(TURNS)]  # the model's replies, built once (its cost is not ours)
-
-
-def answer(request):
-    return httpx.Response(200, content=BODIES[request.content.count(b'"tool_call_id"')],
-                          headers={"content-type": "application/json"})
+# The client as the endpoint side makes it, against the instant server (another process).
+CLIENT = openai.OpenAI(base_url="http://unused.invalid/v1", api_key="none", max_retries=0)
+URL = f"{os.environ['BENCH_SERVER']}/t{TURNS}/v1"
 
 
 @pytest.mark.parametrize("instance", INSTANCES, ids=[i["id"] for i in INSTANCES])
 def test_episode(instance):
-    # The client as openai.OpenAI builds its own (its default transport and TLS context
-    # made, as on the endpoint side), its requests to this host answered in-process.
-    http = httpx.Client(mounts={"http://instant.invalid": httpx.MockTransport(answer)})
-    client = openai.OpenAI(base_url="http://instant.invalid/v1", api_key="none", max_retries=0,
-                           http_client=http)
-    assert isinstance(solve_sdk(instance, client), str)
+    assert isinstance(solve_sdk(instance, CLIENT.with_options(base_url=URL, api_key="k")), str)
+"""
+
+# The direct SDK loop's model: an HTTP server in a process of its own (so its CPU is
+# not the measured side's, as a real model's is not), answering the instant model's
+# reply at once from bodies built once per turn count (`/t<TURNS>/v1/...`).
+INSTANT_SERVER = """
+import os
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import orjson
+
+BODIES = {}
+
+
+def body(turns, done):
+    os.environ["BENCH_TURNS"], os.environ["BENCH_EPISODES"] = str(turns), "0"
+    import agent_loop
+
+    agent_loop.TURNS = turns
+    gen = agent_loop.reply(done)
+    message = {"role": "assistant", "content": gen.text}
+    if gen.tool_calls:
+        message["tool_calls"] = list(gen.tool_calls)
+    return orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 0,
+                         "model": agent_loop.MODEL, "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                         "total_tokens": 2}, "choices": [{"index": 0, "message": message,
+                         "finish_reason": gen.finish_reason}]})
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version, wbufsize = "HTTP/1.1", 1 << 16
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        key = (int(self.path.split("/")[1][1:]), raw.count(b'"tool_call_id"'))
+        if key not in BODIES:
+            BODIES[key] = body(*key)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(BODIES[key])))
+        self.end_headers()
+        self.wfile.write(BODIES[key])
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+server = Server(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
 """
 
 INSPECT_SIDE = '''
@@ -261,6 +303,7 @@ PROJECTS = {
     "direct-sdk": {"test_direct.py": DIRECT_SDK_SIDE},
     "endpoint": {"conftest.py": PLUGIN_CONFTEST, "test_agent.py": ENDPOINT_SIDE},
     "inspect": {"inspect_side.py": INSPECT_SIDE},
+    "server": {"instant_server.py": INSTANT_SERVER},
 }
 
 
@@ -276,8 +319,10 @@ def projects(tmp: Path) -> dict[str, Path]:
     return roots
 
 
-def run_side(side: str, root: Path, out: Path, episodes: int, turns: int, concurrency: int | None) -> Measure:
-    env = {"BENCH_EPISODES": str(episodes), "BENCH_TURNS": str(turns)}
+def run_side(
+    side: str, root: Path, out: Path, episodes: int, turns: int, concurrency: int | None, server: str
+) -> Measure:
+    env = {"BENCH_EPISODES": str(episodes), "BENCH_TURNS": str(turns), "BENCH_SERVER": server}
     if side == "inspect":
         argv = [sys.executable, "inspect_side.py", str(out), str(concurrency or 32)]
         m = run_child(root, argv, env=env)
@@ -302,13 +347,23 @@ def measure(
     rotating order so that each side takes each place in turn."""
     roots = projects(tmp)
     out: dict[str, list[Measure]] = {side: [] for side in sides}
-    for n in range(runs + 1):  # round 0 warms the caches at 5 episodes, and is dropped
-        for side in sides[n % len(sides) :] + sides[: n % len(sides)]:
-            size = (5, min(turns, 2)) if n == 0 else (episodes, 1 if side == "inspect-1" else turns)
-            project = side.removesuffix("-1")
-            m = run_side(project, roots[project], tmp / f"out-{side}-{n}", *size, concurrency)
-            if n:
-                out[side].append(m)
+    # Reaped only after the last side: its CPU is in no side's RUSAGE_CHILDREN delta.
+    server = subprocess.Popen(
+        [sys.executable, "instant_server.py"], cwd=roots["server"], stdout=subprocess.PIPE, env=child_env()
+    )
+    try:
+        assert server.stdout is not None
+        url = f"http://127.0.0.1:{int(server.stdout.readline())}"
+        for n in range(runs + 1):  # round 0 warms the caches at 5 episodes, and is dropped
+            for side in sides[n % len(sides) :] + sides[: n % len(sides)]:
+                size = (5, min(turns, 2)) if n == 0 else (episodes, 1 if side == "inspect-1" else turns)
+                project = side.removesuffix("-1")
+                m = run_side(project, roots[project], tmp / f"out-{side}-{n}", *size, concurrency, url)
+                if n:
+                    out[side].append(m)
+    finally:
+        server.kill()
+        server.wait()
     return out
 
 
@@ -345,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         ("maxrss_mib", "peak RSS", "MiB"),
     ):
         print(chat.line(field, label, unit, "llm.chat", "direct"))
-    print(" the endpoint (openai SDK client) vs the same client answered in-process:")
+    print(" the endpoint (openai SDK client) vs the same client against an instant server:")
     for field, label, unit in (
         ("cpu", "CPU time", "s"),
         ("wall", "wall time", "s"),
