@@ -234,3 +234,34 @@ def test_a_request_the_endpoint_cannot_serve_is_a_400_naming_the_field(body, par
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     finally:
         endpoint.stop()
+
+
+def test_a_program_past_its_timeout_is_killed_and_fails_its_item(pytester, stub):
+    pytester.makepyfile(test_agent=COMMAND.replace("timeout=60", "timeout=3"))
+    (pytester.path / "my_agent.py").write_text(
+        "import json, sys, time\nn = json.load(sys.stdin)['n']\nif n == 4:\n"
+        "    print('thinking', file=sys.stderr, flush=True)\n    time.sleep(600)\nprint('WORD%d' % n)\n"
+    )
+    result = pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run"))
+    result.assert_outcomes(passed=5, failed=1)
+    result.stdout.fnmatch_lines(["*my_agent.py: no answer within timeout=3s (killed); its last stderr*"])
+
+
+def test_an_endpoint_turn_past_max_turns_fails_the_item_even_if_the_agent_carries_on(pytester, stub):
+    """The agent sees a 400 it swallows; the episode fails all the same."""
+    swallowing = SYNC.replace(
+        """            reply = client.chat.completions.create(
+                model="any", messages=messages, tools=[ECHO], temperature=0)""",
+        """            try:
+                reply = client.chat.completions.create(
+                    model="any", messages=messages, tools=[ECHO], temperature=0)
+            except openai.BadRequestError as exc:
+                assert exc.body["type"] == "evalreplay_turn_failed"
+                return instance["q"].upper()  # an answer the scorer would pass""",
+    )
+    assert swallowing != SYNC
+    pytester.makepyfile(test_agent=swallowing.replace("max_turns=6", "max_turns=1"))
+    result = pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run"))
+    result.assert_outcomes(failed=6)
+    result.stdout.fnmatch_lines(["*episode 'q0' rollout 0: the agent asked for turn 2, past max_turns=1*"])
+    assert stub.answered == 6  # turn 1 of each episode; no turn 2 reached the model
