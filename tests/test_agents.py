@@ -449,7 +449,7 @@ def test_the_overhead_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -
     main(["--episodes", "20", "--turns", "3", "--no-inspect"])
     out = capsys.readouterr().out
     assert "20 episodes x 3 turns = 60 model turns" in out
-    assert "per turn : harness CPU through llm.chat" in out and "through the endpoint" in out
+    assert "per turn : harness CPU through llm.chat" in out and "harness CPU through the endpoint" in out
     assert "goal     : llm.chat <= 100 us" in out and "goal     : endpoint <= 1000 us" in out
 
 
