@@ -265,3 +265,38 @@ def test_an_endpoint_turn_past_max_turns_fails_the_item_even_if_the_agent_carrie
     result.assert_outcomes(failed=6)
     result.stdout.fnmatch_lines(["*episode 'q0' rollout 0: the agent asked for turn 2, past max_turns=1*"])
     assert stub.answered == 6  # turn 1 of each episode; no turn 2 reached the model
+
+
+def test_llm_tool_beside_the_endpoint_is_journaled_and_not_run_again(pytester, stub, monkeypatch):
+    """docs/agents.md: a tool inside an endpoint agent, wrapped with llm.tool,
+    is served from the journal on --resume and from the run dir on replay."""
+    old = 'messages.append({"role": "tool", "tool_call_id": call.id, "content": text.upper()})'
+    new = (
+        'messages.append({"role": "tool", "tool_call_id": call.id,\n'
+        '                                     "content": llm.tool(call.model_dump(), shout)})'
+    )
+    assert old in SYNC
+    source = SYNC.replace(old, new).replace(
+        "def solve(instance, llm):",
+        "def shout(text):\n"
+        "    assert not os.environ.get('NO_TOOLS'), 'the tool ran'\n"
+        "    with open('tools.log', 'a') as log:\n"
+        "        log.write(text + '\\n')\n"
+        "    return text.upper()\n\n\n"
+        "def solve(instance, llm):",
+    )
+    pytester.makepyfile(test_agent="import os\n" + source)
+    log = pytester.path / "tools.log"
+    pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run")).assert_outcomes(passed=6)
+    assert len(log.read_text().split()) == 3 * 1 + 3 * 2
+    first = rows(pytester.path / "run")
+    log.unlink()
+    stub.answered = 0
+    done = pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run", "--resume"))
+    done.assert_outcomes(passed=6)
+    assert stub.answered == 0 and not log.exists()
+    assert rows(pytester.path / "run") == first
+    monkeypatch.setenv("NO_TOOLS", "1")  # pytester runs in process: the replay's tool would raise
+    replay = ("-p", "no:randomly", "--evalreplay-predictions=run", "--evalreplay-output=again")
+    pytester.runpytest(*replay).assert_outcomes(passed=6)
+    assert rows(pytester.path / "again") == first and not log.exists()
