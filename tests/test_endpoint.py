@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -300,3 +301,31 @@ def test_llm_tool_beside_the_endpoint_is_journaled_and_not_run_again(pytester, s
     replay = ("-p", "no:randomly", "--evalreplay-predictions=run", "--evalreplay-output=again")
     pytester.runpytest(*replay).assert_outcomes(passed=6)
     assert rows(pytester.path / "again") == first and not log.exists()
+
+
+def test_episodes_connecting_at_once_are_all_served():
+    """64 clients connecting together (concurrency 32 opens as many at the
+    start): socketserver's listen backlog of 5 reset some on a busy machine."""
+    import openai
+
+    endpoint = Endpoint("m")
+    errors: list[BaseException] = []
+    base = openai.OpenAI(base_url="http://unused.invalid/v1", api_key="k", max_retries=0)
+
+    def ask(url: str) -> None:
+        try:
+            client = base.with_options(base_url=url, api_key=endpoint.token)
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        except Exception as exc:  # collected for the assertion
+            errors.append(exc.__cause__ or exc)
+
+    try:
+        threads = [threading.Thread(target=ask, args=(endpoint.open(_Turns()),)) for _ in range(64)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        endpoint.stop()
+        base.close()
+    assert errors == []

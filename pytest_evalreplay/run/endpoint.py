@@ -42,6 +42,8 @@ class Served(Protocol):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a client that keeps its connection idle does not hold the stop
+    # socketserver's 5 reset connections when 32 episodes connect at once on a busy machine.
+    request_queue_size = 128
     endpoint: Endpoint
 
 
