@@ -1,35 +1,45 @@
-"""The harness's cost per model turn of an agent task: the same agent loop
-(`solve(instance, llm)`, a tool call per turn, an instant provider and an
-instant tool) run as an agent task by the plugin, against the same loop
-calling the provider directly, side by side, each in a child pytest process.
-The direct loop runs two ways (both `-p no:evalreplay`): one parametrized
-test per episode, so both sides pay pytest's item per episode (an agent
-task keeps one item per episode), and all episodes in one plain test. A
-fourth side, the floor, is the per-episode loop plus the least any harness
-must do to keep the promise that a crash costs only the turn in flight:
-each turn's request digested (what resume compares), each model turn and
-each tool result appended as it exists (one write(2) each, to a file kept
-open), each episode's answer a line; no lock, index, retry or run dir. Its
-ratio to the per-episode loop is how much of the goal that work alone takes.
+"""The harness's CPU per model turn of an agent task, over the same agent loop
+run directly: 1,000 episodes x 10 model turns (a tool call per turn), an
+instant provider and an instant tool, each side a child process.
+
+Two agents, each against its own direct loop (both `-p no:evalreplay`, one
+parametrized test per episode, so both sides pay pytest's item per episode,
+as an agent task keeps one item per episode):
+
+- `llm.chat`: `solve(instance, llm)` calling `llm.chat` / `llm.tool`, as an
+  agent task, against the loop calling the provider directly.
+- the endpoint: the same loop written with the openai SDK's own client (a
+  copy per episode at `llm.base_url`, the tool run inside the agent), as an
+  agent task, against the same client code talking HTTP to an instant server
+  in a process of its own, unmeasured as a real model's server would be
+  (the instant model's replies, built once). The client's own cost (its
+  request building, HTTP, reply parsing: about 6 ms a turn here) is on both
+  sides; the difference is the endpoint and the harness behind it.
+
+When inspect_ai is importable, its own agent loop (`use_tools` +
+`generate(tool_calls="loop")`) over the same instant model (a `ModelAPI`)
+and tool runs side by side: its per-turn harness CPU is the slope between
+10 turns and 1 turn an episode (start-up and per-sample costs cancel).
 
     python benchmarks/agent_overhead.py                # 1,000 episodes x 10 turns = 10k turns, 1 round
     python benchmarks/agent_overhead.py --runs 3       # steadier medians
     python benchmarks/agent_overhead.py --concurrency 1   # one episode at a time (nothing to batch)
-    python benchmarks/agent_overhead.py --episodes 100 --turns 100   # long episodes
+    python benchmarks/agent_overhead.py --no-inspect   # skip inspect_ai (its 10k turns take minutes)
+    python benchmarks/agent_overhead.py --no-endpoint --no-inspect   # llm.chat alone, quickly
 
 Reported: median CPU time (user + system), wall time and peak RSS of each
-side, the plugin's ratios to both direct loops, and its marginal CPU per
-model turn over the per-episode loop. Goal: at most 1.1x the direct loop's
-CPU at 10k turns, checked against the per-episode loop (the same pytest
-items on both sides). The plugin's side also pays the turn journal (each
-turn's request digested and written as it arrives), the batching of
-concurrent episodes' turns (threads), and the run dir with its transcripts.
+side, and the harness CPU per model turn (the agent task's CPU less its
+direct loop's, over the turns). Goals: at most 100 us a turn through
+`llm.chat`, at most 1 ms a turn through the endpoint. The first round runs
+every side at 5 episodes, to warm the bytecode and file caches, and is
+dropped.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import importlib.util
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,46 +47,49 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import orjson
-from scale_harness import BARE, Compared, Measure, expect_in, run_pytest, verdict
+from scale_harness import BARE, Compared, Measure, child_env, expect_in, run_child, run_pytest, verdict
 
-GOAL = 1.1
+GOAL_CHAT_US = 100.0
+GOAL_ENDPOINT_US = 1000.0
 
 LOOP = '''
-"""The agent, its tool and an instant provider, shared by both sides."""
+"""The agents, their tool and an instant provider, shared by every side."""
+import os
+
 import orjson
 from pytest_evalreplay import Generation
 from pytest_evalreplay.agent import tool_message
 
-TURNS = {turns}
-EPISODES = {episodes}
-STEP = {{"type": "function", "function": {{"name": "step", "parameters": {{"type": "object"}}}}}}
+TURNS = int(os.environ["BENCH_TURNS"])
+EPISODES = int(os.environ["BENCH_EPISODES"])
+STEP = {"type": "function", "function": {"name": "step", "parameters": {"type": "object"}}}
+MODEL = "instant-chat-v1"
 
 
 def step(n):
     return n + 1
 
 
+def reply(done):
+    """The instant model's turn after `done` tool results: a step, or the answer."""
+    if done + 1 >= TURNS:
+        return Generation(f"done after {done} steps", finish_reason="stop", prompt_tokens=1,
+                          completion_tokens=1)
+    call = {"id": f"c{done}", "type": "function",
+            "function": {"name": "step", "arguments": orjson.dumps({"n": done}).decode()}}
+    return Generation("", finish_reason="tool_calls", prompt_tokens=1, completion_tokens=1,
+                      tool_calls=(call,))
+
+
 class Instant:
-    kind, model, batch_size = "instant-chat", "instant-chat-v1", None
+    kind, model, batch_size = "instant-chat", MODEL, None
 
     def generate(self, requests):
-        return [[self.turn(r.context)] for r in requests]
-
-    @staticmethod
-    def turn(messages):
-        done = sum(m["role"] == "tool" for m in messages)
-        if done + 1 >= TURNS:
-            return Generation(f"done after {{done}} steps", finish_reason="stop",
-                              prompt_tokens=1, completion_tokens=1)
-        call = {{"id": f"c{{done}}", "type": "function",
-                "function": {{"name": "step", "arguments": orjson.dumps({{"n": done}}).decode()}}}}
-        return Generation("", finish_reason="tool_calls", prompt_tokens=1, completion_tokens=1,
-                          tool_calls=(call,))
+        return [[reply(sum(m["role"] == "tool" for m in r.context))] for r in requests]
 
 
 def solve(instance, llm):
-    messages = [{{"role": "user", "content": f"Take the steps for {{instance['id']}}."}}]
+    messages = [{"role": "user", "content": f"Take the steps for {instance['id']}."}]
     while True:
         turn = llm.chat(messages, tools=[STEP])
         messages.append(turn.message)
@@ -86,12 +99,44 @@ def solve(instance, llm):
             messages.append(tool_message(call, llm.tool(call, step)))
 
 
-INSTANCES = [{{"id": f"e{{i}}"}} for i in range(EPISODES)]
+def solve_sdk(instance, client):
+    """The same loop with the openai SDK's client; the tool runs in the agent."""
+    messages = [{"role": "user", "content": f"Take the steps for {instance['id']}."}]
+    while True:
+        message = client.chat.completions.create(model=MODEL, messages=messages, tools=[STEP])
+        message = message.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return message.content
+        for call in message.tool_calls:
+            result = step(**orjson.loads(call.function.arguments))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
+
+
+INSTANCES = [{"id": f"e{i}"} for i in range(EPISODES)]
 '''
 
-PLUGIN_SIDE = """
+CHAT_SIDE = """
 from agent_loop import INSTANCES, TURNS, solve
 from pytest_evalreplay import EvalTask
+
+steps = EvalTask("steps", INSTANCES, agent=solve, scorer=lambda text, i: 1.0, max_turns=TURNS)
+"""
+
+ENDPOINT_SIDE = """
+import openai
+from agent_loop import INSTANCES, TURNS, solve_sdk
+from pytest_evalreplay import EvalTask
+
+
+# One client, each episode its copy at the episode's URL (its connection pool shared):
+# a client of its own per episode costs about 50 ms of CPU (its TLS context), on both sides.
+CLIENT = openai.OpenAI(base_url="http://unused.invalid/v1", api_key="none", max_retries=0)
+
+
+def solve(instance, llm):
+    return solve_sdk(instance, CLIENT.with_options(base_url=llm.base_url, api_key=llm.api_key))
+
 
 steps = EvalTask("steps", INSTANCES, agent=solve, scorer=lambda text, i: 1.0, max_turns=TURNS)
 """
@@ -103,157 +148,228 @@ def pytest_evalreplay_make_provider(config, kind):
     return Instant() if kind == "instant-chat" else None
 """
 
-DIRECT_LOOP = '''
-"""The direct sides' episodes: the provider called directly, and the floor."""
-import atexit
-import collections
-import os
-import time
-
-import orjson
-from agent_loop import Instant, solve
+DIRECT_SIDE = """
+import pytest
+from agent_loop import INSTANCES, Instant, solve
 from pytest_evalreplay import Request
 from pytest_evalreplay.agent import Turn, parse_call
-from pytest_evalreplay.model import digest
 
 PROVIDER = Instant()
-SPENT = collections.Counter()  # CPU inside the episodes, by LLM class, for the benchmark to read
-atexit.register(lambda: open("episodes-cpu.json", "wb").write(orjson.dumps(SPENT)))
 
 
 class DirectLLM:
-    """The provider called directly: one request per turn, the tool run as is."""
+    \"\"\"The provider called directly: one request per turn, the tool run as is.\"\"\"
 
-    def __init__(self, provider, instance_id):
-        self.provider, self.instance_id = provider, instance_id
+    def __init__(self, instance_id):
+        self.instance_id = instance_id
 
     def chat(self, messages, tools=None, **sampling):
         request = Request(task="steps", instance_id=self.instance_id, context=list(messages),
                           sampling=sampling, tools=tuple(tools or ()))
-        return Turn.of(self.provider.generate([request])[0][0])
+        return Turn.of(PROVIDER.generate([request])[0][0])
 
     def tool(self, call, fn):
         return fn(**parse_call(call)[1])
 
 
-class FloorLLM(DirectLLM):
-    """The direct loop, each model turn and tool result a line as it exists."""
-
-    journal = None
-
-    def __init__(self, provider, instance_id):
-        super().__init__(provider, instance_id)
-        self.turns, self.sent, self.after = 0, 0, None
-        if FloorLLM.journal is None:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-            FloorLLM.journal = os.open("floor-journal.jsonl", flags, 0o644)
-
-    def chat(self, messages, tools=None, **sampling):
-        rq = digest({"context": messages, "tools": tools or [], "sampling": sampling})
-        turn = super().chat(messages, tools, **sampling)
-        self.turns += 1
-        row = {"key": f"{self.instance_id}|t{self.turns}", "rq": rq, "after": self.after,
-               "added": messages[self.sent :], "reply": turn.message}
-        os.write(self.journal, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
-        self.sent, self.after = len(messages), rq
-        return turn
-
-    def tool(self, call, fn):
-        result = super().tool(call, fn)
-        row = {"key": f"{self.instance_id}|{call['id']}", "after": self.after, "result": result}
-        os.write(self.journal, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
-        return result
-
-    def end(self, answer):
-        row = {"instance_id": self.instance_id, "answer": answer, "turns": self.turns}
-        os.write(self.journal, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
-
-
-def episode(instance, llm_class=DirectLLM):
-    start = time.thread_time()
-    llm = llm_class(PROVIDER, instance["id"])
-    answer = solve(instance, llm)
-    if isinstance(llm, FloorLLM):
-        llm.end(answer)
-    SPENT[llm_class.__name__] += time.thread_time() - start
-    return answer
-'''
-
-ONE_TEST_SIDE = """
-from agent_loop import INSTANCES
-from direct_loop import episode
-
-
-def test_direct():
-    assert len([episode(instance) for instance in INSTANCES]) == len(INSTANCES)
+@pytest.mark.parametrize("instance", INSTANCES, ids=[i["id"] for i in INSTANCES])
+def test_episode(instance):
+    assert isinstance(solve(instance, DirectLLM(instance["id"])), str)
 """
 
-PER_EPISODE_SIDE = """
+DIRECT_SDK_SIDE = """
+import os
+
+import openai
 import pytest
-from agent_loop import INSTANCES
-from direct_loop import DirectLLM, FloorLLM, episode
+from agent_loop import INSTANCES, TURNS, solve_sdk
+
+# The client as the endpoint side makes it, against the instant server (another process).
+CLIENT = openai.OpenAI(base_url="http://unused.invalid/v1", api_key="none", max_retries=0)
+URL = f"{os.environ['BENCH_SERVER']}/t{TURNS}/v1"
 
 
 @pytest.mark.parametrize("instance", INSTANCES, ids=[i["id"] for i in INSTANCES])
 def test_episode(instance):
-    assert isinstance(episode(instance, DirectLLM), str)
+    assert isinstance(solve_sdk(instance, CLIENT.with_options(base_url=URL, api_key="k")), str)
 """
 
-# Each episode twice, with and without the floor's work, in turn first: the
-# difference is measured in one process, under the same load.
-FLOOR_SIDE = PER_EPISODE_SIDE.replace(
-    "    assert isinstance(episode(instance, DirectLLM), str)",
-    "    both = (DirectLLM, FloorLLM) if int(instance['id'][1:]) % 2 else (FloorLLM, DirectLLM)\n"
-    "    assert all(isinstance(episode(instance, llm), str) for llm in both)",
+# The direct SDK loop's model: an HTTP server in a process of its own (so its CPU is
+# not the measured side's, as a real model's is not), answering the instant model's
+# reply at once from bodies built once per turn count (`/t<TURNS>/v1/...`).
+INSTANT_SERVER = """
+import os
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import orjson
+
+BODIES = {}
+
+
+def body(turns, done):
+    os.environ["BENCH_TURNS"], os.environ["BENCH_EPISODES"] = str(turns), "0"
+    import agent_loop
+
+    agent_loop.TURNS = turns
+    gen = agent_loop.reply(done)
+    message = {"role": "assistant", "content": gen.text}
+    if gen.tool_calls:
+        message["tool_calls"] = list(gen.tool_calls)
+    return orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 0,
+                         "model": agent_loop.MODEL, "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                         "total_tokens": 2}, "choices": [{"index": 0, "message": message,
+                         "finish_reason": gen.finish_reason}]})
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version, wbufsize = "HTTP/1.1", 1 << 16
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        key = (int(self.path.split("/")[1][1:]), raw.count(b'"tool_call_id"'))
+        if key not in BODIES:
+            BODIES[key] = body(*key)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(BODIES[key])))
+        self.end_headers()
+        self.wfile.write(BODIES[key])
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+server = Server(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+INSPECT_SIDE = '''
+"""inspect_ai's own agent loop over the same instant model and tool."""
+import sys
+
+from agent_loop import EPISODES, TURNS
+from inspect_ai import Task, eval
+from inspect_ai.dataset import Sample
+from inspect_ai.model import ModelAPI, ModelOutput, modelapi
+from inspect_ai.scorer import includes
+from inspect_ai.solver import generate, use_tools
+from inspect_ai.tool import tool
+
+
+@tool
+def step():
+    async def execute(n: int) -> int:
+        """Take a step.
+
+        Args:
+            n: the step's number.
+        """
+        return n + 1
+
+    return execute
+
+
+class Instant(ModelAPI):
+    async def generate(self, input, tools, tool_choice, config):
+        done = sum(m.role == "tool" for m in input)
+        if done + 1 >= TURNS:
+            return ModelOutput.from_content("instant", f"done after {done} steps")
+        return ModelOutput.for_tool_call("instant", "step", {"n": done}, tool_call_id=f"c{done}")
+
+
+@modelapi(name="instant")
+def instant():
+    return Instant
+
+
+task = Task(
+    dataset=[Sample(input=f"Take the steps for e{i}.", target="done", id=f"e{i}") for i in range(EPISODES)],
+    solver=[use_tools(step()), generate(tool_calls="loop")],
+    scorer=includes(),
 )
+log = eval(task, model="instant/x", log_dir=sys.argv[1], display="none", max_connections=int(sys.argv[2]))[0]
+assert log.status == "success", log.status
+print(f"inspect: {len(log.samples)} samples, accuracy {log.results.scores[0].metrics['accuracy'].value}")
+'''
 
-SIDES = ("plugin", "per-episode", "one-test", "floor")  # the floor side runs each episode twice
+PROJECTS = {
+    "direct": {"test_direct.py": DIRECT_SIDE},
+    "llm.chat": {"conftest.py": PLUGIN_CONFTEST, "test_agent.py": CHAT_SIDE},
+    "direct-sdk": {"test_direct.py": DIRECT_SDK_SIDE},
+    "endpoint": {"conftest.py": PLUGIN_CONFTEST, "test_agent.py": ENDPOINT_SIDE},
+    "inspect": {"inspect_side.py": INSPECT_SIDE},
+    "server": {"instant_server.py": INSTANT_SERVER},
+}
 
 
-def projects(tmp: Path, episodes: int, turns: int) -> dict[str, Path]:
-    loop = LOOP.format(turns=turns, episodes=episodes)
-    files = {
-        "plugin": {"conftest.py": PLUGIN_CONFTEST, "test_agent.py": PLUGIN_SIDE},
-        "per-episode": {"test_direct.py": PER_EPISODE_SIDE},
-        "one-test": {"test_direct.py": ONE_TEST_SIDE},
-        "floor": {"test_direct.py": FLOOR_SIDE},
-    }
+def projects(tmp: Path) -> dict[str, Path]:
     roots = {}
-    for side, texts in files.items():
+    for side, texts in PROJECTS.items():
         root = roots[side] = tmp / side
         root.mkdir(parents=True)
-        (root / "agent_loop.py").write_text(loop)
-        (root / "direct_loop.py").write_text(DIRECT_LOOP)
+        (root / "agent_loop.py").write_text(LOOP)
         (root / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
         for name, text in texts.items():
             (root / name).write_text(text)
     return roots
 
 
-def measure(
-    tmp: Path, episodes: int, turns: int, runs: int, concurrency: int | None
-) -> tuple[dict[str, list[Measure]], list[float]]:
-    """Each side's runs, and the floor's own CPU (the floor side's episodes
-    with the floor's work, less the same episodes without it) in each round."""
-    roots = projects(tmp, episodes, turns)
-    plugin_args = ["--evalreplay-provider=instant-chat"]
+def run_side(
+    side: str, root: Path, out: Path, episodes: int, turns: int, concurrency: int | None, server: str
+) -> Measure:
+    env = {"BENCH_EPISODES": str(episodes), "BENCH_TURNS": str(turns), "BENCH_SERVER": server}
+    if side == "inspect":
+        argv = [sys.executable, "inspect_side.py", str(out), str(concurrency or 32)]
+        m = run_child(root, argv, env=env)
+        expect_in(m, f"inspect: {episodes} samples, accuracy 1.0")
+        return m
+    if side in ("direct", "direct-sdk"):
+        m = run_pytest(root, BARE, env=env)
+        expect_in(m, f"{episodes} passed")
+        return m
+    args = ["--evalreplay-provider=instant-chat", f"--evalreplay-output={out}"]
     if concurrency is not None:
-        plugin_args.append(f"--evalreplay-concurrency={concurrency}")
-    out: dict[str, list[Measure]] = {side: [] for side in SIDES}
-    floors: list[float] = []
-    for n in range(runs + 1):  # the first round warms the bytecode and file caches, and is dropped
-        for side in SIDES[n % len(SIDES) :] + SIDES[: n % len(SIDES)]:  # each side takes each place in turn
-            if side == "plugin":
-                m = run_pytest(roots[side], [*plugin_args, f"--evalreplay-output={tmp}/out{n}"])
-                expect_in(m, f"steps: {episodes:,} instances, {episodes:,} items, 0 failed")
-            else:
-                m = run_pytest(roots[side], BARE)
-                if n and side == "floor":
-                    spent = orjson.loads((roots[side] / "episodes-cpu.json").read_bytes())
-                    floors.append(spent["FloorLLM"] - spent["DirectLLM"])
-            if n:
-                out[side].append(m)
-    return out, floors
+        args.append(f"--evalreplay-concurrency={concurrency}")
+    m = run_pytest(root, args, env=env)
+    expect_in(m, f"steps: {episodes:,} instances, {episodes:,} items, 0 failed")
+    return m
+
+
+def measure(
+    tmp: Path, episodes: int, turns: int, runs: int, concurrency: int | None, sides: list[str]
+) -> dict[str, list[Measure]]:
+    """Each side's runs (`inspect-1`: inspect_ai at one turn an episode), in
+    rotating order so that each side takes each place in turn."""
+    roots = projects(tmp)
+    out: dict[str, list[Measure]] = {side: [] for side in sides}
+    # Reaped only after the last side: its CPU is in no side's RUSAGE_CHILDREN delta.
+    server = subprocess.Popen(
+        [sys.executable, "instant_server.py"], cwd=roots["server"], stdout=subprocess.PIPE, env=child_env()
+    )
+    try:
+        assert server.stdout is not None
+        url = f"http://127.0.0.1:{int(server.stdout.readline())}"
+        for n in range(runs + 1):  # round 0 warms the caches at 5 episodes, and is dropped
+            for side in sides[n % len(sides) :] + sides[: n % len(sides)]:
+                size = (5, min(turns, 2)) if n == 0 else (episodes, 1 if side == "inspect-1" else turns)
+                project = side.removesuffix("-1")
+                m = run_side(project, roots[project], tmp / f"out-{side}-{n}", *size, concurrency, url)
+                if n:
+                    out[side].append(m)
+    finally:
+        server.kill()
+        server.wait()
+    return out
+
+
+def per_turn_us(c: Compared, turns: int) -> float:
+    return (c.median("a", "cpu") - c.median("b", "cpu")) / turns * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,32 +378,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=10, help="model turns per episode")
     parser.add_argument("--runs", type=int, default=1, help="rounds (each runs every side once)")
     parser.add_argument("--concurrency", type=int, help="--evalreplay-concurrency (default: the plugin's)")
+    parser.add_argument("--no-inspect", action="store_true", help="leave inspect_ai out")
+    parser.add_argument("--no-endpoint", action="store_true", help="llm.chat and its direct loop only")
     args = parser.parse_args(argv)
+    sides = ["direct", "llm.chat"] + ([] if args.no_endpoint else ["direct-sdk", "endpoint"])
+    with_inspect = not args.no_inspect and importlib.util.find_spec("inspect_ai") is not None
+    if with_inspect and args.turns > 1:
+        sides += ["inspect", "inspect-1"]
     total = args.episodes * args.turns
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="evalreplay-bench-") as name:
-        sides, floors = measure(Path(name), args.episodes, args.turns, args.runs, args.concurrency)
+        runs = measure(Path(name), args.episodes, args.turns, args.runs, args.concurrency, sides)
     print(
         f"{args.episodes:,} episodes x {args.turns} turns = {total:,} model turns, median of {args.runs} "
-        "round(s): agent task vs the same loop calling the provider directly"
+        "round(s): agent tasks vs the same loops run directly"
     )
-    for baseline in ("per-episode", "one-test"):
-        c = Compared(sides["plugin"], sides[baseline])
-        print(f" vs the direct loop, {baseline}:")
-        print(c.line("cpu", "CPU time", "s", "plugin", baseline))
-        print(c.line("wall", "wall time", "s", "plugin", baseline))
-        print(c.line("maxrss_mib", "peak RSS", "MiB", "plugin", baseline))
-    per_episode = Compared(sides["plugin"], sides["per-episode"])
-    per_turn = (per_episode.median("a", "cpu") - per_episode.median("b", "cpu")) / total * 1000
-    print(f"  per turn : the plugin's marginal CPU over the per-episode loop {per_turn:.3f} ms")
-    floor, budget = statistics.median(floors), (GOAL - 1) * per_episode.median("b", "cpu")
-    print(
-        f"  floor    : each turn digested and written as it exists costs the loop {floor:.3f} s of CPU "
-        f"({floor / total * 1e6:.1f} us a turn; rounds {min(floors):.3f}-{max(floors):.3f} s), "
-        f"{floor / budget:.0%} of the {budget:.2f} s the goal allows over the per-episode loop"
-    )
-    ok = per_episode.ratio("cpu") <= GOAL
-    print(f"  goal     : CPU <= {GOAL}x the per-episode direct loop -> {verdict(ok)}")
+    fields = (("cpu", "CPU time", "s"), ("wall", "wall time", "s"), ("maxrss_mib", "peak RSS", "MiB"))
+    chat = Compared(runs["llm.chat"], runs["direct"])
+    print(" llm.chat vs the loop calling the provider directly:")
+    for field, label, unit in fields:
+        print(chat.line(field, label, unit, "llm.chat", "direct"))
+    chat_us = per_turn_us(chat, total)
+    print(f"  per turn : harness CPU through llm.chat {chat_us:.0f} us")
+    ok = chat_us <= GOAL_CHAT_US
+    goals = [f"  goal     : llm.chat <= {GOAL_CHAT_US:.0f} us a turn -> {verdict(ok)}"]
+    if "endpoint" in runs:
+        sdk = Compared(runs["endpoint"], runs["direct-sdk"])
+        print(" the endpoint (openai SDK client) vs the same client against an instant server:")
+        for field, label, unit in fields:
+            print(sdk.line(field, label, unit, "endpoint", "direct-sdk"))
+        sdk_us = per_turn_us(sdk, total)
+        print(f"  per turn : harness CPU through the endpoint {sdk_us:.0f} us")
+        met = sdk_us <= GOAL_ENDPOINT_US
+        ok = ok and met
+        goals.append(f"  goal     : endpoint <= {GOAL_ENDPOINT_US:.0f} us a turn -> {verdict(met)}")
+    if "inspect" in runs:
+        slope = Compared(runs["inspect"], runs["inspect-1"])
+        inspect_us = per_turn_us(slope, args.episodes * (args.turns - 1))
+        print(
+            f"  inspect  : inspect_ai's own loop {slope.median('a', 'cpu'):.2f} s CPU at {args.turns} turns, "
+            f"{slope.median('b', 'cpu'):.2f} s at 1 turn -> {inspect_us:.0f} us a turn"
+        )
+    print("\n".join(goals))
     print(f"benchmark took {time.perf_counter() - started:.0f} s")
     return 0 if ok else 1
 

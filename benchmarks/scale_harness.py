@@ -146,14 +146,24 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_pytest(project: Path, args: Sequence[str], expect: Sequence[int] = (0,)) -> Measure:
+def run_pytest(
+    project: Path, args: Sequence[str], expect: Sequence[int] = (0,), env: dict[str, str] | None = None
+) -> Measure:
     """Run `python -m pytest -q -p no:cacheprovider -p no:randomly ARGS` in
     `project`; raise SystemExit with its output if it exits otherwise than `expect`."""
+    return run_child(project, [*PYTEST, *args], expect, env)
+
+
+def run_child(
+    project: Path, argv: Sequence[str], expect: Sequence[int] = (0,), env: dict[str, str] | None = None
+) -> Measure:
+    """Run `argv` in `project` (with `env` added to the children's environment),
+    measured as `run_pytest` measures pytest."""
     with tempfile.TemporaryFile() as log:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.Popen(
-            [*PYTEST, *args], cwd=project, stdout=log, stderr=subprocess.STDOUT, env=child_env()
+            argv, cwd=project, stdout=log, stderr=subprocess.STDOUT, env={**child_env(), **(env or {})}
         )
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
@@ -162,7 +172,7 @@ def run_pytest(project: Path, args: Sequence[str], expect: Sequence[int] = (0,))
         log.seek(0)
         output = log.read().decode(errors="replace")
     if proc.returncode not in expect:
-        raise SystemExit(f"pytest {' '.join(args)} in {project} exited {proc.returncode}:\n{output[-4000:]}")
+        raise SystemExit(f"{' '.join(argv)} in {project} exited {proc.returncode}:\n{output[-4000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return Measure(cpu=cpu, wall=wall, maxrss_mib=usage.ru_maxrss / 1024, output=output)
 

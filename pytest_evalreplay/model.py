@@ -47,10 +47,15 @@ def to_json(value: Any, option: int = 0) -> bytes:
     metadata, instances, messages) is this."""
     data = orjson.dumps(value, option=option)
     if b"null" in data:  # NaN and infinities come out as null: look only then
-        where = non_finite(value, "")
-        if where is not None:
-            raise TypeError(f"{where}; JSON has no NaN or infinity (it would be saved as null)")
+        check_finite(value)
     return data
+
+
+def check_finite(value: Any, path: str = "") -> None:
+    """Raise `to_json`'s TypeError for the first NaN or infinity in `value` (at `path`)."""
+    where = non_finite(value, path)
+    if where is not None:
+        raise TypeError(f"{where}; JSON has no NaN or infinity (it would be saved as null)")
 
 
 def non_finite(value: Any, path: str = "") -> str | None:
@@ -75,6 +80,13 @@ def digest(value: Any) -> str:
     """A content digest: blake2b-128 over canonical (sorted-key) JSON bytes
     (`to_json`: a NaN is no null, so it neither collides with one nor is saved)."""
     return hashlib.blake2b(to_json(value, _SORTED), digest_size=16).hexdigest()
+
+
+def digest_finite(value: Any) -> str:
+    """`digest` of a value whose floats the caller has checked (`check_finite`
+    over the part not checked before): an agent's turn holds the turns before
+    it, and a walk of all of it at every turn was most of `llm.chat`'s cost."""
+    return hashlib.blake2b(orjson.dumps(value, option=_SORTED), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -446,10 +446,11 @@ def test_the_overhead_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -
     pytest.importorskip("benchmarks.agent_overhead")
     from benchmarks.agent_overhead import main
 
-    main(["--episodes", "20", "--turns", "3"])
+    main(["--episodes", "20", "--turns", "3", "--no-inspect"])
     out = capsys.readouterr().out
     assert "20 episodes x 3 turns = 60 model turns" in out
-    assert "per turn :" in out and "floor    : each turn digested" in out and "goal     :" in out
+    assert "per turn : harness CPU through llm.chat" in out and "harness CPU through the endpoint" in out
+    assert "goal     : llm.chat <= 100 us" in out and "goal     : endpoint <= 1000 us" in out
 
 
 def test_a_malformed_turns_journal_line_is_a_usage_error_before_any_item(project):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -234,3 +235,97 @@ def test_a_request_the_endpoint_cannot_serve_is_a_400_naming_the_field(body, par
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     finally:
         endpoint.stop()
+
+
+def test_a_program_past_its_timeout_is_killed_and_fails_its_item(pytester, stub):
+    pytester.makepyfile(test_agent=COMMAND.replace("timeout=60", "timeout=3"))
+    (pytester.path / "my_agent.py").write_text(
+        "import json, sys, time\nn = json.load(sys.stdin)['n']\nif n == 4:\n"
+        "    print('thinking', file=sys.stderr, flush=True)\n    time.sleep(600)\nprint('WORD%d' % n)\n"
+    )
+    result = pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run"))
+    result.assert_outcomes(passed=5, failed=1)
+    result.stdout.fnmatch_lines(["*my_agent.py: no answer within timeout=3s (killed); its last stderr*"])
+
+
+def test_an_endpoint_turn_past_max_turns_fails_the_item_even_if_the_agent_carries_on(pytester, stub):
+    """The agent sees a 400 it swallows; the episode fails all the same."""
+    swallowing = SYNC.replace(
+        """            reply = client.chat.completions.create(
+                model="any", messages=messages, tools=[ECHO], temperature=0)""",
+        """            try:
+                reply = client.chat.completions.create(
+                    model="any", messages=messages, tools=[ECHO], temperature=0)
+            except openai.BadRequestError as exc:
+                assert exc.body["type"] == "evalreplay_turn_failed"
+                return instance["q"].upper()  # an answer the scorer would pass""",
+    )
+    assert swallowing != SYNC
+    pytester.makepyfile(test_agent=swallowing.replace("max_turns=6", "max_turns=1"))
+    result = pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run"))
+    result.assert_outcomes(failed=6)
+    result.stdout.fnmatch_lines(["*episode 'q0' rollout 0: the agent asked for turn 2, past max_turns=1*"])
+    assert stub.answered == 6  # turn 1 of each episode; no turn 2 reached the model
+
+
+def test_llm_tool_beside_the_endpoint_is_journaled_and_not_run_again(pytester, stub, monkeypatch):
+    """docs/agents.md: a tool inside an endpoint agent, wrapped with llm.tool,
+    is served from the journal on --resume and from the run dir on replay."""
+    old = 'messages.append({"role": "tool", "tool_call_id": call.id, "content": text.upper()})'
+    new = (
+        'messages.append({"role": "tool", "tool_call_id": call.id,\n'
+        '                                     "content": llm.tool(call.model_dump(), shout)})'
+    )
+    assert old in SYNC
+    source = SYNC.replace(old, new).replace(
+        "def solve(instance, llm):",
+        "def shout(text):\n"
+        "    assert not os.environ.get('NO_TOOLS'), 'the tool ran'\n"
+        "    with open('tools.log', 'a') as log:\n"
+        "        log.write(text + '\\n')\n"
+        "    return text.upper()\n\n\n"
+        "def solve(instance, llm):",
+    )
+    pytester.makepyfile(test_agent="import os\n" + source)
+    log = pytester.path / "tools.log"
+    pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run")).assert_outcomes(passed=6)
+    assert len(log.read_text().split()) == 3 * 1 + 3 * 2
+    first = rows(pytester.path / "run")
+    log.unlink()
+    stub.answered = 0
+    done = pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run", "--resume"))
+    done.assert_outcomes(passed=6)
+    assert stub.answered == 0 and not log.exists()
+    assert rows(pytester.path / "run") == first
+    monkeypatch.setenv("NO_TOOLS", "1")  # pytester runs in process: the replay's tool would raise
+    replay = ("-p", "no:randomly", "--evalreplay-predictions=run", "--evalreplay-output=again")
+    pytester.runpytest(*replay).assert_outcomes(passed=6)
+    assert rows(pytester.path / "again") == first and not log.exists()
+
+
+def test_episodes_connecting_at_once_are_all_served():
+    """64 clients connecting together (concurrency 32 opens as many at the
+    start): socketserver's listen backlog of 5 reset some on a busy machine."""
+    import openai
+
+    endpoint = Endpoint("m")
+    errors: list[BaseException] = []
+    base = openai.OpenAI(base_url="http://unused.invalid/v1", api_key="k", max_retries=0)
+
+    def ask(url: str) -> None:
+        try:
+            client = base.with_options(base_url=url, api_key=endpoint.token)
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        except Exception as exc:  # collected for the assertion
+            errors.append(exc.__cause__ or exc)
+
+    try:
+        threads = [threading.Thread(target=ask, args=(endpoint.open(_Turns()),)) for _ in range(64)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        endpoint.stop()
+        base.close()
+    assert errors == []

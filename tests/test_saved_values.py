@@ -106,3 +106,38 @@ def test_chat_messages_with_nan_fail_the_episode_naming_llm_chat(project) -> Non
     result.stdout.fnmatch_lines(
         ["*episode 'q0' rollout 0: llm.chat: the messages are not JSON (nan at *JSON has no NaN*"]
     )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "where"),
+    [
+        # A message the agent changed after turn 1 sent it (its copy was sent then).
+        (
+            "        turn = llm.chat(messages, tools=[ADD])\n",
+            "        if len(messages) > 1:\n            messages[0]['w'] = float('nan')\n"
+            "        turn = llm.chat(messages, tools=[ADD])\n",
+            "the messages are not JSON (nan at ['context'][0]['w']",
+        ),
+        # A message added after turn 1.
+        (
+            "messages.append(tool_message(call, llm.tool(call, add)))",
+            "messages.append({**tool_message(call, llm.tool(call, add)), 'w': float('inf')})",
+            "the messages are not JSON (inf at ['context'][2]['w']",
+        ),
+        # Tools that changed after turn 1.
+        (
+            "llm.chat(messages, tools=[ADD])",
+            "llm.chat(messages, tools=[ADD] if len(messages) == 1 else [{**ADD, 'x': float('-inf')}])",
+            "tools are not JSON (-inf at [0]['x']",
+        ),
+    ],
+    ids=["changed-message", "added-message", "changed-tools"],
+)
+def test_nan_in_a_later_turns_request_fails_the_episode_naming_where(project, old, new, where) -> None:
+    """A turn's request is checked for NaN only where it differs from the turn
+    before (which passed the check): what changed in between is still checked."""
+    assert old in AGENT
+    project.makepyfile(test_sums=AGENT.replace(old, new))
+    result = project.runpytest("--evalreplay-output=run")
+    result.assert_outcomes(failed=6)
+    assert f"episode 'q0' rollout 0: llm.chat: {where}; JSON has no NaN" in result.stdout.str()

@@ -23,7 +23,16 @@ from pytest_evalreplay.credentials import configured_secrets, redact
 from pytest_evalreplay.journal import transcripts
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
-from pytest_evalreplay.model import EvalReplayError, Generation, Request, digest, request_content, to_json
+from pytest_evalreplay.model import (
+    EvalReplayError,
+    Generation,
+    Request,
+    check_finite,
+    digest,
+    digest_finite,
+    request_content,
+    to_json,
+)
 from pytest_evalreplay.numbers.sources import Answer, Source
 from pytest_evalreplay.run.context import ProviderExit
 from pytest_evalreplay.run.endpoint import Endpoint
@@ -103,7 +112,8 @@ class Episode:
         )
         content = request_content(request)
         try:
-            rq = digest(content)  # the one serialization of what is sent, per turn
+            self._check_finite(messages, tools, asked)
+            rq = digest_finite(content)  # the one serialization of what is sent, per turn
         except TypeError as exc:
             raise EvalReplayError(_not_json(exc, tools)) from None
         with self.lock:
@@ -167,6 +177,25 @@ class Episode:
         if self.base_url is None:
             self.base_url = self.runner.endpoint().open(self)
         return self.base_url, self.runner.endpoint().token
+
+    def _check_finite(
+        self, messages: list[dict[str, Any]], tools: list[Any], sampling: dict[str, Any]
+    ) -> None:
+        """No NaN or infinity in the turn's request, looked for only in what the
+        episode's last turn did not send: its messages and tools passed this
+        check then, and values equal to them hold none (NaN equals nothing)."""
+        last = self.turns[-1] if self.turns else None
+        start = 0
+        if last is not None:
+            known = last["messages"]
+            if messages[: len(known)] == known:
+                start = len(known)
+            if tools == last["tools"]:
+                tools = []
+        for n in range(start, len(messages)):
+            check_finite(messages[n], f"['context'][{n}]")
+        check_finite(tools, "['tools']")
+        check_finite(sampling, "['sampling']")
 
     def _row_content(self, content: dict[str, Any]) -> dict[str, Any]:
         """What the turn's request row holds (`content`, the request's,
