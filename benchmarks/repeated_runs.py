@@ -55,14 +55,20 @@ class Repeated:
 
 
 def repeated(
-    project: Path, args_for: Callable[[Path], list[str]], expect: str, tmp: Path, runs: int, pairs: int
+    project: Path,
+    args_for: Callable[[Path], list[str]],
+    expect: str,
+    tmp: Path,
+    runs: int,
+    pairs: int,
+    env: dict[str, str] | None = None,
 ) -> Repeated:
     """`runs` plain runs of `project` on one output dir; the last `pairs` of
     them each beside a first run (a fresh output dir), in turn first."""
     out = tmp / f"{project.name}-repeated"
 
     def run(output: Path) -> Measure:
-        m = run_pytest(project, args_for(output))
+        m = run_pytest(project, args_for(output), env=env)
         expect_in(m, expect)
         return m
 
@@ -125,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="evalreplay-bench-") as name:
         tmp = Path(name)
         warm_up(tmp)
-        agent = projects(tmp / "agent", episodes, 10)["plugin"]
+        agent = projects(tmp / "agent")["llm.chat"]
         got = repeated(
             agent,
             lambda out: ["--evalreplay-provider=instant-chat", f"--evalreplay-output={out}"],
@@ -133,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             tmp,
             runs,
             pairs,
+            env={"BENCH_EPISODES": str(episodes), "BENCH_TURNS": "10"},
         )
         ok &= report(f"agent task, {episodes:,} episodes x 10 turns", runs, got)
         task = eval_project(tmp / "task", items)
