@@ -53,3 +53,16 @@ def test_repeated_plain_runs_keep_every_journal_the_size_the_first_left(project)
         ["plain: * | 0 generated, 10 reused | *", "sums: * | 0 generated, 6 reused | *"], consecutive=True
     )
     assert not (project.path / "calls.log").exists()
+
+
+@pytest.mark.slow
+def test_the_repeated_runs_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -> None:
+    """The benchmark drives agent_overhead's projects: a change there must not break it unseen."""
+    pytest.importorskip("benchmarks.repeated_runs")
+    from benchmarks.repeated_runs import main
+
+    main(["--episodes", "5", "--items", "50", "--runs", "2", "--pairs", "1"])
+    out = capsys.readouterr().out
+    assert "agent task, 5 episodes x 10 turns: 2 plain runs on one output dir" in out
+    assert "plain task, 50 items: 2 plain runs on one output dir" in out
+    assert out.count("journals : first") == 2
