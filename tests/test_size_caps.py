@@ -8,6 +8,8 @@ is a 413. The caps are made small here."""
 
 from __future__ import annotations
 
+import gc
+import warnings
 from typing import Any
 
 import orjson
@@ -58,6 +60,10 @@ def test_a_server_answer_over_the_cap_fails_naming_the_url_and_the_cap(
     assert isinstance(error, GenerationError) and not error.retryable
     assert f"the answer from {stub.url}/completions is over {CAP:,} bytes" in error.message
     assert "attempts" not in error.message  # final: asking again would fetch as much again
+    with warnings.catch_warnings(record=True) as seen:  # the refused answer's socket is closed
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+    assert not [w for w in seen if issubclass(w.category, ResourceWarning)]
 
 
 def test_an_answer_under_the_cap_is_read_whole(stub: StubServer, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -45,6 +45,7 @@ def read_body(resp: http.client.HTTPResponse, where: str) -> bytes:
     )
     declared = resp.getheader("Content-Length") or ""
     if declared.isdigit() and int(declared) > cap:
+        resp.close()  # its file holds the socket open past the connection's close
         raise too_large
     parts: list[bytes] = []
     read = 0
@@ -52,6 +53,7 @@ def read_body(resp: http.client.HTTPResponse, where: str) -> bytes:
         parts.append(chunk)
         read += len(chunk)
         if read > cap:
+            resp.close()
             raise too_large
     return b"".join(parts)
 
