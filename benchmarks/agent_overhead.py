@@ -365,6 +365,8 @@ def measure(
     finally:
         server.kill()
         server.wait()
+        if server.stdout is not None:
+            server.stdout.close()  # left open, its pipe is a ResourceWarning under -W error
     return out
 
 
