@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from agent_project import AGENT, CONFTEST, INI
-from subprocess_pytest import PYTEST, child_env
+from subprocess_pytest import PYTEST, child_env, openai_args, reap_group
 
 LOG = 'log.write(" ".join(r.instance_id for r in requests) + "\\n")'
 KILLING_CONFTEST = CONFTEST.replace(
@@ -114,19 +114,6 @@ def stub_project(root: Path) -> Path:
     return root
 
 
-def openai_args(url: str) -> list[str]:
-    return [
-        *PYTEST,
-        "-q",
-        "-p",
-        "no:randomly",
-        "--evalreplay-output=run",
-        "--evalreplay-provider=openai",
-        "--evalreplay-model=stub-model",
-        f"--evalreplay-base-url={url}",
-    ]
-
-
 def again(body: dict) -> bool:
     """Turn 3 of an odd episode: the user asked again (its turns 1-2 and tool result are journaled)."""
     return body["messages"][-1]["content"].endswith("-again")
@@ -159,11 +146,7 @@ def test_a_sigkill_mid_episode_against_the_openai_stub_resumes_only_the_turns_no
             os.killpg(child.pid, signal.SIGKILL)  # the child pytest and anything it started
             assert child.wait(timeout=30) == -signal.SIGKILL
         finally:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
-            assert child.stdout is not None
-            child.stdout.close()
+            reap_group(child)
         # Counted before the held turns are let go: released to a client that is
         # gone, one can still be written as a 200 before the stub sees the closed
         # socket (CI counted 13), and no answer after the kill reaches the child.

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 import pytest
 from endpoint_project import AGENTS_SDK, ASYNC, COMMAND, PROGRAM, SYNC
-from subprocess_pytest import PYTEST, child_env
+from subprocess_pytest import PYTEST, child_env, openai_args, reap_group
 
 pytest.importorskip("openai", reason="the endpoint tests use the real openai SDK (a test extra)")
 
@@ -56,20 +56,6 @@ def project(root: Path, client: str) -> Path:
     return root
 
 
-def openai_args(url: str) -> list[str]:
-    return [
-        *PYTEST,
-        "-q",
-        "-p",
-        "no:randomly",
-        "--evalreplay-output=run",
-        "--evalreplay-concurrency=1",
-        "--evalreplay-provider=openai",
-        "--evalreplay-model=stub-model",
-        f"--evalreplay-base-url={url}",
-    ]
-
-
 def run(args: list[str], root: Path) -> None:
     done = subprocess.run(args, cwd=root, env=child_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -94,7 +80,7 @@ def test_a_sigkill_mid_episode_resumes_only_the_turns_not_journaled(tmp_path, cl
 
     held = CLIENTS[client][3]
     with StubServer("stub-model") as stub:
-        args = openai_args(stub.url)
+        args = openai_args(stub.url, "--evalreplay-concurrency=1")
         clean = project(tmp_path / "clean", client)
         run(args, clean)
         every_turn = answered_since(stub, 0)
@@ -115,11 +101,7 @@ def test_a_sigkill_mid_episode_resumes_only_the_turns_not_journaled(tmp_path, cl
             os.killpg(child.pid, signal.SIGKILL)  # the child pytest and anything in its group
             assert child.wait(timeout=30) == -signal.SIGKILL
         finally:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
-            assert child.stdout is not None
-            child.stdout.close()
+            reap_group(child)
         before_kill = answered_since(stub, start)  # counted before the held turn is let go
         stub.release()
         assert stub.wait_until(lambda s: s.in_flight == 0, timeout=30)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from subprocess_pytest import PYTEST, child_env
+from subprocess_pytest import PYTEST, child_env, reap_group
 
 pytestmark = pytest.mark.slow
 
@@ -118,11 +118,7 @@ def test_a_vllm_chat_episode_killed_resumed_and_replayed_without_vllm(tmp_path, 
         os.killpg(child.pid, signal.SIGKILL)  # pytest, the engine and its workers
         assert child.wait(timeout=60) == -signal.SIGKILL
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-        assert child.stdout is not None
-        child.stdout.close()
+        reap_group(child)
     assert asked(root) == sorted(f"q{i}|r0|t{t}" for i in range(3) for t in (1, 2))
     assert not (root / "run" / "chat-transcripts.jsonl").exists()
     assert tool_runs(root) == 3  # the tool step after turn 1; the one after turn 2 never came
