@@ -374,6 +374,28 @@ def per_turn_us(c: Compared, turns: int) -> float:
     return (c.median("a", "cpu") - c.median("b", "cpu")) / turns * 1e6
 
 
+FIELDS = (("cpu", "CPU time", "s"), ("wall", "wall time", "s"), ("maxrss_mib", "peak RSS", "MiB"))
+TITLES = {
+    "llm.chat": " llm.chat vs the loop calling the provider directly:",
+    "endpoint": " the endpoint (openai SDK client) vs the same client against an instant server:",
+}
+
+
+def side_report(
+    runs: dict[str, list[Measure]], side: str, base: str, through: str, goal_us: float, total: int
+) -> tuple[bool, str]:
+    """Print `side` against the loop it replaces and its harness CPU a turn;
+    whether that meets `goal_us`, and the goal's line for the end."""
+    got = Compared(runs[side], runs[base])
+    print(TITLES[side])
+    for field, label, unit in FIELDS:
+        print(got.line(field, label, unit, side, base))
+    us = per_turn_us(got, total)
+    print(f"  per turn : harness CPU through {through} {us:.0f} us")
+    met = us <= goal_us
+    return met, f"  goal     : {side} <= {goal_us:.0f} us a turn -> {verdict(met)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=1_000)
@@ -395,25 +417,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.episodes:,} episodes x {args.turns} turns = {total:,} model turns, median of {args.runs} "
         "round(s): agent tasks vs the same loops run directly"
     )
-    fields = (("cpu", "CPU time", "s"), ("wall", "wall time", "s"), ("maxrss_mib", "peak RSS", "MiB"))
-    chat = Compared(runs["llm.chat"], runs["direct"])
-    print(" llm.chat vs the loop calling the provider directly:")
-    for field, label, unit in fields:
-        print(chat.line(field, label, unit, "llm.chat", "direct"))
-    chat_us = per_turn_us(chat, total)
-    print(f"  per turn : harness CPU through llm.chat {chat_us:.0f} us")
-    ok = chat_us <= GOAL_CHAT_US
-    goals = [f"  goal     : llm.chat <= {GOAL_CHAT_US:.0f} us a turn -> {verdict(ok)}"]
+    ok, goal = side_report(runs, "llm.chat", "direct", "llm.chat", GOAL_CHAT_US, total)
+    goals = [goal]
     if "endpoint" in runs:
-        sdk = Compared(runs["endpoint"], runs["direct-sdk"])
-        print(" the endpoint (openai SDK client) vs the same client against an instant server:")
-        for field, label, unit in fields:
-            print(sdk.line(field, label, unit, "endpoint", "direct-sdk"))
-        sdk_us = per_turn_us(sdk, total)
-        print(f"  per turn : harness CPU through the endpoint {sdk_us:.0f} us")
-        met = sdk_us <= GOAL_ENDPOINT_US
+        met, goal = side_report(runs, "endpoint", "direct-sdk", "the endpoint", GOAL_ENDPOINT_US, total)
         ok = ok and met
-        goals.append(f"  goal     : endpoint <= {GOAL_ENDPOINT_US:.0f} us a turn -> {verdict(met)}")
+        goals.append(goal)
     if "inspect" in runs:
         slope = Compared(runs["inspect"], runs["inspect-1"])
         inspect_us = per_turn_us(slope, args.episodes * (args.turns - 1))
