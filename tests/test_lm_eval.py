@@ -48,6 +48,17 @@ def test_generate_until_with_few_shot_and_regex_filters_matches_lm_eval(
     assert set(ours) == {"exact_match,strict", "exact_match,flexible"}
     assert ours == theirs
     assert 0 < ours["exact_match,strict"] < 1  # the regex found answers, and not all right
+    # each predictions row holds the document as lm-eval's --log_samples holds it
+    logged = [
+        orjson.loads(line)
+        for f in (tmp_path / "lm-eval-out").rglob("samples_arith_*.jsonl")
+        for line in f.read_bytes().splitlines()
+    ]
+    rows = [
+        orjson.loads(line)
+        for line in (tmp_path / "run" / "arith-predictions.jsonl").read_bytes().splitlines()
+    ]
+    assert {r["instance_id"]: r["doc"] for r in rows} == {str(s["doc_id"]): s["doc"] for s in logged}
     # lm-eval's own --log_samples output replays into the same task: the same numbers, no model asked
     asked = stub.received
     samples = next((tmp_path / "lm-eval-out").iterdir())

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from pytest_evalreplay.model import Context, EvalReplayError
 
 EXTRA = "pip install 'pytest-evalreplay[lm-eval]'"
@@ -349,6 +351,19 @@ def _documents(task: Any, name: str, where: str) -> tuple[DocRequests, ...]:
             DocRequests(doc_id, first.doc, context, tuple(inst.args[1] for inst in instances), task=name)
         )
     return tuple(out)
+
+
+def json_doc(doc: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A document as lm-eval's `--log_samples` writes its `doc`: JSON, what
+    JSON has no type for converted by lm-eval's own `handle_non_serializable`
+    (numpy numbers as numbers, sets as lists, anything else as its str)."""
+    from lm_eval.utils import handle_non_serializable
+
+    try:
+        data = orjson.dumps(dict(doc), default=handle_non_serializable, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError as exc:  # orjson's JSONEncodeError: an int past 64 bits, a cycle
+        raise EvalReplayError(f"{where}: its document cannot be saved as JSON ({exc})") from None
+    return orjson.loads(data)  # type: ignore[no-any-return]
 
 
 def sampling(gen_kwargs: Mapping[str, Any], seed: int | None, chat: bool) -> dict[str, Any]:
