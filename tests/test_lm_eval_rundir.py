@@ -26,6 +26,7 @@ from lm_eval_tasks import (
 from subprocess_pytest import PYTEST, child_env
 
 from pytest_evalreplay.__main__ import main
+from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.report.html_data import build
 from pytest_evalreplay.rundir.snapshot import load_run_dir
 
@@ -212,3 +213,49 @@ def test_compare_and_gates_on_lm_eval_metric_names(
         ]
     )
     assert code == 0  # the flexible filter's scores did not change
+
+
+@needs_lm_eval
+def test_a_document_is_saved_as_lm_evals_log_samples_writes_it() -> None:
+    import json
+
+    import numpy as np
+    from lm_eval.utils import handle_non_serializable
+
+    from pytest_evalreplay.lmeval.loading import json_doc
+
+    doc = {
+        "n": np.int64(3),
+        "x": np.float32(0.5),
+        "ok": np.bool_(True),
+        "tags": {"a"},
+        "raw": b"\x00",
+        7: "key",
+    }
+    logged = json.loads(json.dumps(doc, default=handle_non_serializable, ensure_ascii=False))
+    assert (
+        json_doc(doc, "task 't', document 0")
+        == logged
+        == {
+            "n": 3,
+            "x": 0.5,
+            "ok": True,
+            "tags": ["a"],
+            "raw": "b'\\x00'",
+            "7": "key",
+        }
+    )
+    # orjson writes no int past 64 bits: kept as its digits (the rest as before), never an error
+    assert json_doc({"big": 2**70, "n": np.int64(1), "x": float("nan")}, "w") == {
+        "big": str(2**70),
+        "n": 1,
+        "x": None,
+    }
+    saved = json_doc({"big": 2**70}, "w")
+    assert orjson.loads(orjson.dumps(saved)) == saved
+    cycle: dict = {}
+    cycle["self"] = [cycle]
+    with pytest.raises(
+        EvalReplayError, match=r"^task 't', document 0: its document cannot be saved as JSON \("
+    ):
+        json_doc(cycle, "task 't', document 0")
