@@ -245,12 +245,13 @@ def test_a_document_is_saved_as_lm_evals_log_samples_writes_it() -> None:
             "7": "key",
         }
     )
-    # orjson writes no int past 64 bits: kept as its digits (the rest as before), never an error
+    # what orjson cannot write (an int past 64 bits) is kept readable (the rest as before), never an error
     assert json_doc({"big": 2**70, "n": np.int64(1), "x": float("nan")}, "w") == {
         "big": str(2**70),
         "n": 1,
         "x": None,
     }
+    assert json_doc({"q": "a\udc80b", "n": np.int64(2)}, "w") == {"q": "a?b", "n": 2}  # a lone surrogate
     saved = json_doc({"big": 2**70}, "w")
     assert orjson.loads(orjson.dumps(saved)) == saved
     cycle: dict = {}
