@@ -365,6 +365,7 @@ def test_malformed_json_names_file_and_line(runs):
             "'rollouts' must list one distinct sample index per generation",
         ),
         ({"instance_id": "x", "generations": [], "stage": "2"}, "'stage' must be a positive integer"),
+        ({"instance_id": "x", "generations": [], "doc": ["2+2"]}, "'doc' must be an object (the lm-eval"),
     ],
 )
 def test_bad_predictions_rows_name_file_and_line(runs, row, what):

@@ -188,13 +188,23 @@ def test_view_to_a_directory_names_the_fix(tmp_path: Path, capsys: pytest.Captur
     assert f"-o {tmp_path} is a directory; name a file such as report.html" in capsys.readouterr().err
 
 
-def test_view_of_a_malformed_predictions_line_names_file_and_line(tmp_path, capsys) -> None:
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (b'{"instance_id": 3, "generations": []}', "'instance_id' must be a string"),
+        (
+            b'{"instance_id": "x", "generations": [], "doc": "2+2"}',
+            "'doc' must be an object (the lm-eval document) or null, got a string ('2+2')",
+        ),
+    ],
+)
+def test_view_of_a_malformed_predictions_line_names_file_and_line(tmp_path, capsys, row, message) -> None:
     run = tmp_path / "run"
     shutil.copytree(SAVED, run)
     with open(run / "capitals-predictions.jsonl", "ab") as fh:
-        fh.write(b'{"instance_id": 3, "generations": []}\n')
+        fh.write(row + b"\n")
     assert main(["view", str(run), "-o", str(tmp_path / "r.html")]) == 2
-    assert "capitals-predictions.jsonl:11: 'instance_id' must be a string" in capsys.readouterr().err
+    assert f"capitals-predictions.jsonl:11: {message}" in capsys.readouterr().err
 
 
 @renders

@@ -232,3 +232,32 @@ def test_a_graded_sample_shows_each_criterions_reply(open_report, pytester) -> N
     assert opened.page.locator(".judge").count() == 4 * len(RUBRIC)
     opened.shot("graded")
     opened.check_quiet()
+
+
+def test_an_lm_eval_documents_fields_are_shown_in_its_sample_and_the_list(open_report, tmp_path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(SAVED, run)
+    path = run / "capitals-predictions.jsonl"
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    doc = {
+        "question": "<script>alert(1)</script>",
+        "answer": "Paris",
+        "source": "zebra atlas",
+    }  # as lm-eval's
+    rows[0]["doc"] = doc
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    opened = open_report(run)
+    page = opened.page
+    opened.show(f"sample/capitals/1/{rows[0]['instance_id']}")
+    assert orjson.loads(page.inner_text("pre.doc")) == doc
+    assert page.locator("pre.doc").count() == 1 and page.locator("#view script").count() == 0
+    opened.show("samples/capitals")
+    assert '"answer":"Paris"' in page.inner_text(f'tr.sample-row[data-id="{rows[0]["instance_id"]}"]')
+    assert page.locator("pre.doc").count() == 0
+    page.fill("#search", "zebra")
+    page.dispatch_event("#search", "change")
+    assert page.locator("tr.sample-row").count() == 1  # the document is searched too
+    opened.show(f"sample/capitals/1/{rows[1]['instance_id']}")
+    assert page.locator("pre.doc").count() == 0  # a row without one (an older run dir's) shows none
+    page.wait_for_timeout(200)
+    opened.check_quiet()

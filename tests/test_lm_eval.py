@@ -48,6 +48,17 @@ def test_generate_until_with_few_shot_and_regex_filters_matches_lm_eval(
     assert set(ours) == {"exact_match,strict", "exact_match,flexible"}
     assert ours == theirs
     assert 0 < ours["exact_match,strict"] < 1  # the regex found answers, and not all right
+    # each predictions row holds the document as lm-eval's --log_samples holds it
+    logged = [
+        orjson.loads(line)
+        for f in (tmp_path / "lm-eval-out").rglob("samples_arith_*.jsonl")
+        for line in f.read_bytes().splitlines()
+    ]
+    rows = [
+        orjson.loads(line)
+        for line in (tmp_path / "run" / "arith-predictions.jsonl").read_bytes().splitlines()
+    ]
+    assert {r["instance_id"]: r["doc"] for r in rows} == {str(s["doc_id"]): s["doc"] for s in logged}
     # lm-eval's own --log_samples output replays into the same task: the same numbers, no model asked
     asked = stub.received
     samples = next((tmp_path / "lm-eval-out").iterdir())
@@ -55,6 +66,16 @@ def test_generate_until_with_few_shot_and_regex_filters_matches_lm_eval(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     replayed = orjson.loads((tmp_path / "replayed" / "arith-metrics.json").read_bytes())["metrics"]
     assert replayed == theirs and stub.received == asked
+    # a changed filter rescores lm-eval's saved answers (the samples file itself given, this time)
+    yaml = tmp_path / "tasks" / "arith.yaml"
+    yaml.write_text(yaml.read_text("utf-8").replace('"Answer: (-?[0-9]+)"', '"Answer: (-?[0-9]+)!"'), "utf-8")
+    (samples_file,) = samples.glob("samples_arith_*.jsonl")
+    done = run_plugin(
+        tmp_path, stub, f"--evalreplay-predictions={samples_file}", "--evalreplay-output=refiltered"
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    refiltered = orjson.loads((tmp_path / "refiltered" / "arith-metrics.json").read_bytes())["metrics"]
+    assert refiltered == {**theirs, "exact_match,strict": 0.0} and stub.received == asked
 
 
 @needs_lm_eval
@@ -102,6 +123,13 @@ def test_items_are_one_per_document_named_by_doc_id(tmp_path: Path, stub: StubSe
     assert done.returncode == 0, done.stdout + done.stderr
     ids = [line for line in done.stdout.splitlines() if "::" in line]
     assert ids == [f"test_lm.py::arith::{i}[s1-r0]" for i in range(5)]
+    # -k on doc ids ("1[" is document 1's item, not the "s1" of every item) runs those documents only
+    done = run_plugin(tmp_path, stub, "-k", "1[ or 3[")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 passed, 3 deselected" in done.stdout, done.stdout[-3000:]
+    assert stub.received == 2
+    saved = (tmp_path / "run" / "arith-predictions.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(line)["instance_id"] for line in saved] == ["1", "3"]
 
 
 BROKEN = {

@@ -95,3 +95,5 @@ def test_a_group_under_xdist_gives_the_serial_runs_metrics(tmp_path: Path, stub:
     ]
     assert metrics[0] == metrics[1]
     assert stub.received == 2 * asked  # each document asked once more, by one worker
+    rows = [(tmp_path / d / "tiny_group-predictions.jsonl").read_bytes() for d in ("run", "run-n2")]
+    assert rows[0] == rows[1] and rows[0].count(b'"doc":{"question":') == 15  # the documents too

@@ -15,11 +15,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from pytest_evalreplay.model import Context, EvalReplayError
 
@@ -349,6 +352,31 @@ def _documents(task: Any, name: str, where: str) -> tuple[DocRequests, ...]:
             DocRequests(doc_id, first.doc, context, tuple(inst.args[1] for inst in instances), task=name)
         )
     return tuple(out)
+
+
+def json_doc(doc: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A document as lm-eval's `--log_samples` writes its `doc`: JSON, what
+    JSON has no type for converted by lm-eval's own `handle_non_serializable`
+    (numpy numbers as numbers, sets as lists, anything else as its str).
+    What orjson cannot write is kept readable rather than failing the run
+    dir: an int past 64 bits as its digits, a lone surrogate as "?"."""
+    from lm_eval.utils import handle_non_serializable
+
+    try:
+        data = orjson.dumps(dict(doc), default=handle_non_serializable, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # orjson's JSONEncodeError: lm-eval's own json.dumps writes such a document
+        try:
+            text = json.dumps(dict(doc), default=handle_non_serializable, ensure_ascii=False)
+        except ValueError as exc:  # a circular reference
+            raise EvalReplayError(f"{where}: its document cannot be saved as JSON ({exc})") from None
+        text = text.encode("utf-8", "replace").decode("utf-8")
+        return json.loads(text, parse_int=_int64_or_digits, parse_constant=lambda _: None)  # type: ignore[no-any-return]
+    return orjson.loads(data)  # type: ignore[no-any-return]
+
+
+def _int64_or_digits(digits: str) -> int | str:
+    value = int(digits)
+    return value if -(2**63) <= value < 2**64 else digits
 
 
 def sampling(gen_kwargs: Mapping[str, Any], seed: int | None, chat: bool) -> dict[str, Any]:

@@ -149,6 +149,12 @@ class LmEvalMixin:
         self.lm_eval  # noqa: B018 - loads
         return self._by_id[instance_id]
 
+    def saved_doc(self, instance_id: str) -> dict[str, Any]:
+        """A document as its predictions rows save it (lm-eval's `--log_samples` `doc`)."""
+        self.lm_eval  # noqa: B018 - loads
+        where = f"task {self.name!r}, document {instance_id}"
+        return loading.json_doc(self._docs[instance_id].doc, where)
+
     def __repr__(self) -> str:
         state = f"{len(self._docs)} documents" if self._loaded is not None else "not loaded yet"
         return f"EvalTask.from_lm_eval({self._spec!r}, name={self.name!r}, {state})"

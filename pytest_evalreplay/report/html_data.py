@@ -31,6 +31,7 @@ from pytest_evalreplay.storage.runschema import (
     PREDICTIONS_SUFFIX,
     REQUESTS_SUFFIX,
     TURNS_SUFFIX,
+    doc_of,
     prediction_fields,
     read_manifest,
     request_fields,
@@ -199,7 +200,10 @@ def _samples(
             for g, r, s in zip(fields.generations, rollouts, per_sample, strict=True)
         ]
         scores = row.get("scores") if isinstance(row.get("scores"), dict) else {}
-        samples.append(_sample(key, requests.get(key, {}), gens, scores, failed.get(key, set())))
+        sample = _sample(key, requests.get(key, {}), gens, scores, failed.get(key, set()))
+        if (doc := doc_of(row, where)) is not None:
+            sample["doc"] = doc  # an lm-eval task's document: what was asked
+        samples.append(sample)
     for key in sorted(set(failed) - seen, key=lambda k: (k[1], k[0])):
         samples.append(_sample(key, requests.get(key, {}), [], {}, failed[key]))
     return samples, sampling

@@ -262,6 +262,7 @@ class Rollouts(ABC):
                 self.instance_order,
                 self.task.num_samples,
                 postprocess=self.task.postprocess,
+                doc_of=getattr(self.task, "saved_doc", None),  # an lm-eval task's documents
             )
             if self.task.agent is not None:
                 keys = [item.key for item in outcome.items if item.status != "missing"]

@@ -25,6 +25,7 @@ from pytest_evalreplay.storage.lines import jsonl_lines
 from pytest_evalreplay.storage.runschema import (
     MANIFEST,
     PREDICTIONS_SUFFIX,
+    doc_of,
     prediction_fields,
     read_manifest,
     request_fields,
@@ -74,7 +75,9 @@ class TaskSnapshot:
     `scores`: each instance's scores, each the mean over its rollouts
     ({instance_id: {metric: value}}); an instance that was not scored is absent.
     `prompts`: each instance's prompt, a string or a list of chat messages
-    (only its first line is used, see `prompt_line`); may be partial or empty.
+    (only its first line is used, see `prompt_line`); for an lm-eval task,
+    its document as one line of JSON (a few-shot prompt's first line is an
+    example's, not what was asked); may be partial or empty.
     `answers`: each instance's first generation's text (may be partial or empty;
     `load_run_dir` keeps a long one's start and end only).
     The order of `scores` is the instance order used to break ties in listings.
@@ -186,8 +189,11 @@ def _load_task(directory: Path, task: str) -> TaskSnapshot:
     more: dict[str, list[_Saved]] = {}
     answers: dict[str, str | int] = {}  # from the instance's row of the earliest stage (int: a choice)
     answer_stage: dict[str, int] = {}
+    docs: dict[str, str] = {}  # an lm-eval task's documents, each as one line of JSON
     for lineno, _, row in jsonl_lines(predictions_path, read_bytes(predictions_path)):
         iid, text, saved = _prediction_row(row, predictions_path, lineno)
+        if iid not in docs and (doc := doc_of(row, f"{predictions_path}:{lineno}")) is not None:
+            docs[iid] = trim(orjson.dumps(doc).decode())
         earlier = first.setdefault(iid, saved)
         if earlier is saved:
             answers[iid] = trim(text) if type(text) is str else text
@@ -213,6 +219,7 @@ def _load_task(directory: Path, task: str) -> TaskSnapshot:
                 pick = answers.get(iid)
                 if type(pick) is int and pick < len(fields.continuations):
                     answers[iid] = trim(fields.continuations[pick].strip())
+    prompts.update(docs)
     return TaskSnapshot(
         metrics=metrics,
         scores=instance_scores,

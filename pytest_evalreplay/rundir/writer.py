@@ -84,9 +84,12 @@ def write_task(
     num_samples: int,
     metrics: bool = True,
     postprocess: Callable[[Generation], Generation] | None = None,
+    doc_of: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> None:
     """Write a task's three files from its outcome and journal (the caller
-    holds the task lock). Only generations the outcome stands on are saved."""
+    holds the task lock). Only generations the outcome stands on are saved;
+    `doc_of` gives each instance's document for its predictions rows (an
+    lm-eval task's)."""
     order = {iid: i for i, iid in enumerate(instance_order)}
     groups: dict[
         RequestKey, list[tuple[ItemOutcome, GenRef]]
@@ -138,6 +141,7 @@ def write_task(
                     for n, v in outcome.instance_scores.get(iid, {}).items()
                     if n in outcome.sample_metrics
                 },
+                None if doc_of is None else doc_of(iid),
             )
 
     files = task_files(directory, outcome.task)

@@ -143,13 +143,15 @@ def prediction_row(
     rollouts: Sequence[int],
     num_samples: int,
     over_samples: Mapping[str, float] | None = None,
+    doc: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One instance's predictions row: its saved generations (`Generation.to_row`)
     in rollout order, each sample's scores (None where its scorer failed: the
     generation is still saved, so a later run can score it), and the mean of
     each metric over the samples that have it, plus `over_samples`: values
     computed over all the samples (pass@k, maj@k). `rollouts` is written only
-    when the row holds other samples than 0..num_samples-1."""
+    when the row holds other samples than 0..num_samples-1; `doc` (an lm-eval
+    task's document, so the row says what was asked) only when given, last."""
     sums: dict[str, list[float]] = {}
     for scores in sample_scores:
         for name, value in (scores or {}).items():
@@ -165,6 +167,8 @@ def prediction_row(
         row["stage"] = stage
     if list(rollouts) != list(range(num_samples)):
         row["rollouts"] = list(rollouts)
+    if doc is not None:
+        row["doc"] = doc
     return row
 
 
@@ -294,6 +298,15 @@ def prediction_fields(row: Any, where: str) -> PredictionFields:
         raise bad_field(where, "generations", "a list", generations)
     model = optional_string(row, "model", where)
     return PredictionFields(iid, stage_of(row, where), model, generations)
+
+
+def doc_of(row: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """A predictions row's `doc` (an lm-eval task's document): an object, or
+    None where the row has none (rows of other tasks, and older run dirs)."""
+    doc = row.get("doc")
+    if doc is None or type(doc) is dict:
+        return doc
+    raise bad_field(where, "doc", "an object (the lm-eval document) or null", doc)
 
 
 def rollouts_of(value: Any, count: int, where: str) -> tuple[int, ...]:

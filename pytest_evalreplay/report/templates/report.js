@@ -51,6 +51,9 @@
     if (Array.isArray(content)) return content.map((p) => (p && typeof p.text === "string" ? p.text : "")).join("\n");
     return content === null || content === undefined ? "" : json(content);
   }
+  function askedText(s) {  // an lm-eval task's document says what was asked (its prompt opens with examples)
+    return s.doc ? JSON.stringify(s.doc) : promptText(s);
+  }
   function promptText(s) {
     if (typeof s.prompt === "string") return s.prompt;
     if (Array.isArray(s.prompt)) return s.prompt.map((m) => contentText(m && m.content)).join("\n");
@@ -192,7 +195,7 @@
     if (state.search) {
       let text = searchText.get(s);
       if (text === undefined) {
-        text = (s.id + "\n" + promptText(s) + "\n" + s.gens.map((g) => g.text).join("\n")).toLowerCase();
+        text = (s.id + "\n" + (s.doc ? JSON.stringify(s.doc) + "\n" : "") + promptText(s) + "\n" + s.gens.map((g) => g.text).join("\n")).toLowerCase();
         searchText.set(s, text);
       }
       if (!text.includes(state.search)) return false;
@@ -254,7 +257,7 @@
       .map(() => el("span", { class: "chip bad" }, "failed"));
     return el("tr", { class: "sample-row", "data-id": s.id, "data-stage": s.stage,
       onclick: () => go(["sample", task.name, s.stage, s.id].map(encodeURIComponent).join("/")) },
-      el("td", {}, s.id), el("td", { class: "num" }, s.stage), el("td", {}, excerpt(promptText(s), 90)),
+      el("td", {}, s.id), el("td", { class: "num" }, s.stage), el("td", {}, excerpt(askedText(s), 90)),
       el("td", {}, excerpt(answerOf(s), 60)), el("td", {}, chips, missing),
       el("td", {}, [...new Set(s.gens.map((g) => g.finish))].join(", ")),
       el("td", { class: "num" }, s.gens.reduce((n, g) => n + (g.ct || 0), 0)));
@@ -271,6 +274,7 @@
       el("h2", {}, s.id + " (stage " + s.stage + ")")];
     out.push(el("table", {}, Object.entries(s.scores || {}).map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { class: "num" }, fmt(v))))));
     if (s.system) out.push(el("h3", {}, "system prompt"), el("pre", { class: "system" }, s.system));
+    if (s.doc) out.push(el("h3", {}, "document"), el("pre", { class: "doc" }, JSON.stringify(s.doc, null, 2)));
     out.push(el("h3", {}, "prompt"));
     out.push(typeof s.prompt === "string" ? el("pre", { class: "prompt" }, s.prompt) : el("div", { class: "prompt" }, messages(s.prompt || [])));
     if ((FLIPS.get(task.name) || new Set()).has(s.id)) out.push(el("p", {}, link("compare", "flipped vs base: see the comparison")));
