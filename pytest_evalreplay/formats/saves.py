@@ -53,6 +53,7 @@ def answer_of(generation: Generation) -> Answer:
     return (
         generation.raw_text,
         tuple(generation.loglikelihoods),
+        generation.rolling,
         *(getattr(generation, f) for f in _SERVED_FIELDS[:3]),
         orjson.dumps(generation.metadata, option=orjson.OPT_SORT_KEYS),
     )
@@ -64,6 +65,8 @@ def _shown(first: Generation, other: Generation) -> tuple[str, str]:
         return tuple(  # type: ignore[return-value]
             f"log-likelihoods {show([ll for ll, _ in g.loglikelihoods], 40)}" for g in (first, other)
         )
+    if first.rolling != other.rolling:
+        return tuple(f"rolling {show(g.rolling and g.rolling.to_row(), 60)}" for g in (first, other))  # type: ignore[return-value]
     if first.raw_text != other.raw_text:
         return show(first.raw_text, 40), show(other.raw_text, 40)
     for name in _SERVED_FIELDS:
@@ -134,6 +137,7 @@ def served(generation: Generation, saved_sampling: Mapping[str, Any] | None = No
         completion_tokens=generation.completion_tokens,
         metadata=metadata,
         loglikelihoods=generation.loglikelihoods,
+        rolling=generation.rolling,
     )
 
 
