@@ -15,6 +15,7 @@ from http_stub import Fail, StubServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llm_fixtures import stub_provider
+from lm_eval_tasks import needs_lm_eval, our_metrics, run_plugin, write_tiny_ppl
 from stub_logprobs import detokenize, token_ids, token_logprob
 
 from pytest_evalreplay.formats.jsonl import generation_from_row
@@ -198,3 +199,42 @@ def test_a_chat_context_is_refused_without_a_call(stub: StubServer) -> None:
         (got,) = provider.loglikelihood([request])
     assert isinstance(got, GenerationError) and "chat context" in got.message
     assert not [b for b in stub.bodies() if "prompt" in b]
+
+
+# -- from_lm_eval: the journal and replay ------------------------------------------------
+
+NO_OPENAI = "import sys\nsys.modules['pytest_evalreplay.providers.openai'] = None\n"
+
+
+@needs_lm_eval
+def test_a_rolling_task_resumes_from_its_journal_and_replays_without_the_provider(
+    tmp_path: Path, stub: StubServer
+) -> None:
+    stub.bos, stub.eos, stub.max_model_len = True, "</s>", 8  # texts of up to 20 words: several windows
+    write_tiny_ppl(tmp_path / "tasks", n=6, words=(3, 20))
+    done = run_plugin(tmp_path, stub, name="tiny_ppl")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    first = our_metrics(tmp_path, "tiny_ppl")
+    assert set(first) == {"word_perplexity", "byte_perplexity", "bits_per_byte"}
+    rows = [
+        orjson.loads(line)
+        for line in (tmp_path / "run" / "tiny_ppl-predictions.jsonl").read_bytes().splitlines()
+    ]
+    assert all(set(r["generations"][0]["rolling"]) == {"loglikelihood", "tokens"} for r in rows)
+    requests = (tmp_path / "run" / "tiny_ppl-requests.jsonl").read_bytes().splitlines()
+    assert all(orjson.loads(r)["request_type"] == "loglikelihood_rolling" for r in requests)
+    asked = stub.received
+
+    resumed = run_plugin(tmp_path, stub, "--resume", name="tiny_ppl")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "0 generated, 6 reused" in resumed.stdout
+    assert stub.received == asked
+    assert our_metrics(tmp_path, "tiny_ppl") == first
+
+    (tmp_path / "conftest.py").write_text(NO_OPENAI, encoding="utf-8")
+    replayed = run_plugin(
+        tmp_path, stub, "--evalreplay-predictions=run", "--evalreplay-output=replayed", name="tiny_ppl"
+    )
+    assert replayed.returncode == 0, replayed.stdout[-3000:] + replayed.stderr[-3000:]
+    metrics = orjson.loads((tmp_path / "replayed" / "tiny_ppl-metrics.json").read_bytes())["metrics"]
+    assert metrics == first and stub.received == asked
