@@ -238,3 +238,23 @@ def test_a_rolling_task_resumes_from_its_journal_and_replays_without_the_provide
     assert replayed.returncode == 0, replayed.stdout[-3000:] + replayed.stderr[-3000:]
     metrics = orjson.loads((tmp_path / "replayed" / "tiny_ppl-metrics.json").read_bytes())["metrics"]
     assert metrics == first and stub.received == asked
+
+
+# -- the vllm provider's plan (pure: no engine) --------------------------------------------
+
+
+def test_the_vllm_provider_asks_each_window_and_sums_their_scores() -> None:
+    from pytest_evalreplay.providers.vllm_loglikelihood import ScoreStream, plan_rolling
+
+    encode = {"a b c d e f g": [1, 2, 3, 4, 5, 6, 7]}.__getitem__
+    plan = plan_rolling(rolling("a b c d e f g"), encode, prefix=0, max_model_len=5)
+    assert not isinstance(plan, GenerationError)
+    assert plan.prompts == ((0, 1, 2, 3), (3, 4, 5, 6), (4, 5, 6, 7))
+    assert plan.starts == (1, 1, 3)
+    stream = ScoreStream()
+    stream.answer(0, plan, [(-1.5, True), (-2.25, False), (-0.5, True)])
+    assert list(stream.ready) == [(0, RollingLoglikelihood(-4.25, 7))]
+    no_prefix = plan_rolling(rolling("x"), encode, prefix=None, max_model_len=5)
+    assert isinstance(no_prefix, GenerationError) and "no start or end-of-text token" in no_prefix.message
+    unknown = plan_rolling(rolling("x"), encode, prefix=0, max_model_len=None)
+    assert isinstance(unknown, GenerationError) and "the engine gives no max_model_len" in unknown.message
