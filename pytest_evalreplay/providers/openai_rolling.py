@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 
@@ -37,6 +36,7 @@ from pytest_evalreplay.providers.openai_watchdog import Run
 from pytest_evalreplay.providers.openai_wire import TEXT_PATH, CallFailure, Malformed, parse_echoes
 from pytest_evalreplay.providers.rolling_requests import (
     NO_MAX_LENGTH,
+    Window,
     rolling_windows,
     total,
     unsupported_rolling,
@@ -93,7 +93,7 @@ def parse_special_tokens(raw: bytes) -> tuple[str | None, str | None] | CallFail
     return bos, eos
 
 
-def score_windows(raw: bytes, windows: list[Any]) -> float | CallFailure:
+def score_windows(raw: bytes, windows: list[Window]) -> float | CallFailure:
     """The text's log-likelihood from the echo of its windows."""
     echoed = parse_echoes(raw, len(windows))
     if isinstance(echoed, CallFailure):
