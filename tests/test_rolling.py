@@ -258,3 +258,32 @@ def test_the_vllm_provider_asks_each_window_and_sums_their_scores() -> None:
     assert isinstance(no_prefix, GenerationError) and "no start or end-of-text token" in no_prefix.message
     unknown = plan_rolling(rolling("x"), encode, prefix=0, max_model_len=None)
     assert isinstance(unknown, GenerationError) and "the engine gives no max_model_len" in unknown.message
+
+
+# -- replay ------------------------------------------------------------------------------
+
+
+def test_replay_serves_a_rolling_save_to_a_rolling_request_only(tmp_path: Path) -> None:
+    from test_replay_provider import jsonl
+
+    from pytest_evalreplay.providers.replay import ReplayProvider
+    from pytest_evalreplay.storage.runschema import request_row_of
+
+    answer = Generation(text="", rolling=RollingLoglikelihood(-7.25, 3))
+    rolled, generated = rolling("a b c", "0"), Request(task="t", instance_id="1", context="d e")
+    jsonl(tmp_path / "t-requests.jsonl", [request_row_of(rolled), request_row_of(generated)])
+    rows = [
+        {"instance_id": "0", "model": "m", "generations": [answer.to_row()], "scores": {}},
+        {"instance_id": "1", "model": "m", "generations": [{"text": "f"}], "scores": {}},
+    ]
+    jsonl(tmp_path / "t-predictions.jsonl", rows)
+    provider = ReplayProvider.from_path(tmp_path)
+    assert provider.loglikelihood([rolled]) == [RollingLoglikelihood(-7.25, 3)]
+    (wrong,) = provider.loglikelihood([rolling("d e", "1")])
+    assert (
+        isinstance(wrong, GenerationError)
+        and "was not saved with its rolling log-likelihood" in wrong.message
+    )
+    (as_text,) = provider.generate([Request(task="t", instance_id="0", context="a b c")])
+    assert isinstance(as_text, GenerationError)  # a rolling save is no generation
+    assert provider.generate([generated])[0][0].text == "f"  # type: ignore[index]

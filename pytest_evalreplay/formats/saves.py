@@ -66,7 +66,9 @@ def _shown(first: Generation, other: Generation) -> tuple[str, str]:
             f"log-likelihoods {show([ll for ll, _ in g.loglikelihoods], 40)}" for g in (first, other)
         )
     if first.rolling != other.rolling:
-        return tuple(f"rolling {show(g.rolling and g.rolling.to_row(), 60)}" for g in (first, other))  # type: ignore[return-value]
+        return tuple(  # type: ignore[return-value]
+            f"rolling {show(g.rolling and g.rolling.to_row(), 60)}" for g in (first, other)
+        )
     if first.raw_text != other.raw_text:
         return show(first.raw_text, 40), show(other.raw_text, 40)
     for name in _SERVED_FIELDS:
