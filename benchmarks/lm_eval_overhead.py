@@ -6,9 +6,14 @@ its CPU is not counted), in child processes.
     python benchmarks/lm_eval_overhead.py             # 200 and 1,000 documents, 3 rounds
     python benchmarks/lm_eval_overhead.py --quick     # 100 and 400 documents, 1 round
     python benchmarks/lm_eval_overhead.py --runs 5    # steadier medians
+    python benchmarks/lm_eval_overhead.py --task tiny_ppl   # loglikelihood_rolling
 
 The task is tests/lm_eval_tasks.py's `arith`: generate_until, two few-shot
-examples, two regex filters, exact_match. Each round runs both harnesses at
+examples, two regex filters, exact_match; or with `--task tiny_ppl` its
+loglikelihood_rolling task (texts of 3-30 words, a context of 8 tokens, so
+most texts are cut into several windows: lm-eval asks one echo per window
+and the server's tokenizer once per text, ours one echo per text after
+the same tokenizer call). Each round runs both harnesses at
 both sizes, in alternating order; the CPU per request is the slope between
 the sizes (user + system of the child), so each harness's start-up (lm-eval
 imports and indexes its tasks for seconds) drops out; the start-up is
@@ -32,13 +37,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from http_stub import StubServer  # noqa: E402
-from lm_eval_tasks import lm_eval_command, lm_eval_env, write_arith  # noqa: E402
+from lm_eval_tasks import lm_eval_command, lm_eval_env, write_arith, write_tiny_ppl  # noqa: E402
 
 GOAL = 2.0
 PLUGIN = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
-MODULE = (
-    'from pytest_evalreplay import EvalTask\narith = EvalTask.from_lm_eval("arith", include_path="tasks/")\n'
-)
+MODULE = 'from pytest_evalreplay import EvalTask\n{0} = EvalTask.from_lm_eval("{0}", include_path="tasks/")\n'
+CONTEXT = 8  # tiny_ppl's model context (the stub's max_model_len, lm-eval's max_length)
 
 
 def child_cpu(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
@@ -63,7 +67,7 @@ def env_for(project: Path) -> dict[str, str]:
     return env
 
 
-def run_ours(project: Path, stub: StubServer, n: int) -> float:
+def run_ours(project: Path, stub: StubServer, n: int, task: str) -> float:
     out = project / f"run-{time.monotonic_ns()}"
     cmd = [
         *PLUGIN,
@@ -75,22 +79,28 @@ def run_ours(project: Path, stub: StubServer, n: int) -> float:
     ]
     before = stub.answered
     cpu = child_cpu(cmd, project, env_for(project))
-    assert stub.answered - before == n, (stub.answered - before, n)
+    assert stub.answered - before == n, (stub.answered - before, n)  # one answer per document
     return cpu
 
 
-def run_theirs(project: Path, stub: StubServer, n: int) -> float:
+def run_theirs(project: Path, stub: StubServer, n: int, task: str) -> float:
     out = project / f"lm-eval-out-{time.monotonic_ns()}"
     before = stub.answered
-    cpu = child_cpu(lm_eval_command("arith", project / "tasks", out, stub.url), project, env_for(project))
-    assert stub.answered - before == n, (stub.answered - before, n)
+    extra = f",max_length={CONTEXT}" if task == "tiny_ppl" else ""
+    command = lm_eval_command(task, project / "tasks", out, stub.url, extra=extra)
+    cpu = child_cpu(command, project, env_for(project))
+    asked = stub.answered - before
+    assert asked == n if task == "arith" else asked >= n, (asked, n)  # rolling: one answer per window
     return cpu
 
 
-def project_of(tmp: Path, n: int) -> Path:
+def project_of(tmp: Path, n: int, task: str) -> Path:
     project = tmp / f"p{n}"
-    write_arith(project / "tasks", n=n)
-    (project / "test_lm.py").write_text(MODULE, encoding="utf-8")
+    if task == "arith":
+        write_arith(project / "tasks", n=n)
+    else:
+        write_tiny_ppl(project / "tasks", n=n, words=(3, 30))
+    (project / "test_lm.py").write_text(MODULE.format(task), encoding="utf-8")
     return project
 
 
@@ -99,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="100 and 400 documents, 1 round")
     parser.add_argument("--sizes", type=int, nargs=2, default=None, metavar=("SMALL", "LARGE"))
     parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--task", choices=("arith", "tiny_ppl"), default="arith")
     args = parser.parse_args(argv)
     small, large = args.sizes or ((100, 400) if args.quick else (200, 1000))
     runs = args.runs or (1 if args.quick else 3)
@@ -106,16 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     starts: dict[str, list[float]] = {"ours": [], "lm-eval": []}
     with tempfile.TemporaryDirectory() as tmp_name, StubServer("stub-model") as stub:
         tmp = Path(tmp_name)
-        projects = {n: project_of(tmp, n) for n in (small, large)}
+        if args.task == "tiny_ppl":
+            stub.bos, stub.eos, stub.max_model_len = True, "</s>", CONTEXT
+        projects = {n: project_of(tmp, n, args.task) for n in (small, large)}
         sides = {"ours": run_ours, "lm-eval": run_theirs}
         for run in sides.values():  # warm the file and bytecode caches
-            run(projects[small], stub, small)
+            run(projects[small], stub, small, args.task)
         for r in range(runs):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             cpu: dict[tuple[str, int], float] = {}
             for n in (small, large) if r % 2 == 0 else (large, small):
                 for side in order:
-                    cpu[side, n] = sides[side](projects[n], stub, n)
+                    cpu[side, n] = sides[side](projects[n], stub, n, args.task)
             for side in sides:
                 slope = (cpu[side, large] - cpu[side, small]) / (large - small)
                 slopes[side].append(slope)
@@ -130,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = theirs / ours
     per_round = ", ".join(f"{t / o:.2f}x" for o, t in zip(slopes["ours"], slopes["lm-eval"], strict=True))
     print(
-        f"CPU per request (median of {runs}): from_lm_eval {ours * 1e3:.2f} ms, "
+        f"{args.task}: CPU per request (median of {runs}): from_lm_eval {ours * 1e3:.2f} ms, "
         f"lm_eval {theirs * 1e3:.2f} ms -> lm-eval/ours {ratio:.2f}x (rounds: {per_round})"
     )
     print(

@@ -19,7 +19,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import orjson
 
-RequestType = Literal["generate", "loglikelihood"]
+RequestType = Literal["generate", "loglikelihood", "loglikelihood_rolling"]
+# The request types a provider answers through `loglikelihood` / `loglikelihood_stream`.
+LOGLIKELIHOOD_TYPES = ("loglikelihood", "loglikelihood_rolling")
 Message = dict[str, Any]
 Context = str | list[Message]
 PromptKey = tuple[str | bytes, str | None]
@@ -113,6 +115,7 @@ class Request:
     rollouts: tuple[int, ...] = ()
     # A loglikelihood request's continuations (delimiter + choice): the
     # provider scores each as a continuation of the prompt, in this order.
+    # A loglikelihood_rolling request has none: its context is the whole text.
     continuations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -122,6 +125,42 @@ class Request:
     @property
     def prompt_key(self) -> PromptKey:
         return prompt_key(self.context, self.system_prompt)
+
+
+@dataclass(frozen=True)
+class RollingLoglikelihood:
+    """A `loglikelihood_rolling` request's answer: the log-probability of the
+    whole text (its context), every token scored once, summed over the windows
+    a text longer than the model's context is cut into (lm-evaluation-harness's
+    rolling windows), and the number of the text's tokens, which a per-token
+    perplexity divides by."""
+
+    loglikelihood: float
+    tokens: int
+
+    def to_row(self) -> dict[str, Any]:
+        return {"loglikelihood": self.loglikelihood, "tokens": self.tokens}
+
+    @classmethod
+    def from_row(cls, row: Any, where: str) -> RollingLoglikelihood:
+        """Build from a saved row; `where` ("file:line") names it in errors."""
+        if not isinstance(row, dict):
+            raise EvalReplayError(f"{where}: 'rolling' {ROLLING_SHAPE}, got {row!r:.60}")
+        answer = cls(row.get("loglikelihood"), row.get("tokens"))  # type: ignore[arg-type]
+        problem = answer.problem()
+        if problem is not None:
+            raise EvalReplayError(f"{where}: 'rolling' {problem}")
+        return cls(float(answer.loglikelihood), answer.tokens)
+
+    def problem(self) -> str | None:
+        """What is wrong with a rolling answer (a provider's or a saved one), or None."""
+        ll, tokens = self.loglikelihood, self.tokens
+        if not is_real(ll) or not math.isfinite(ll) or type(tokens) is not int or tokens < 0:
+            return f"{ROLLING_SHAPE}, got loglikelihood={ll!r:.30}, tokens={tokens!r:.30}"
+        return None
+
+
+ROLLING_SHAPE = 'must be {"loglikelihood": a finite number, "tokens": a non-negative integer}'
 
 
 @dataclass(frozen=True)
@@ -141,6 +180,8 @@ class Generation:
     # A loglikelihood request's answer (its `text` is ""): per continuation,
     # the summed log-probability and whether it is the greedy continuation.
     loglikelihoods: tuple[tuple[float, bool], ...] = ()
+    # A loglikelihood_rolling request's answer (its `text` is "").
+    rolling: RollingLoglikelihood | None = None
 
     @property
     def raw_text(self) -> str:
@@ -159,6 +200,8 @@ class Generation:
             row["tool_calls"] = [dict(call) for call in self.tool_calls]
         if self.loglikelihoods:
             row["loglikelihoods"] = [[ll, greedy] for ll, greedy in self.loglikelihoods]
+        if self.rolling is not None:
+            row["rolling"] = self.rolling.to_row()
         return row
 
     @classmethod
@@ -180,6 +223,7 @@ class Generation:
         problem = loglikelihoods_problem(pairs) if isinstance(pairs, list) else "must be a list"
         if problem is not None:
             raise EvalReplayError(f"{where}: 'loglikelihoods' {problem}")
+        rolling = row.get("rolling")
         return cls(
             text=row["text"],
             original_text=original,
@@ -189,6 +233,7 @@ class Generation:
             metadata=metadata,
             tool_calls=tuple(tool_calls),
             loglikelihoods=tuple((float(ll), greedy) for ll, greedy in pairs),
+            rolling=None if rolling is None else RollingLoglikelihood.from_row(rolling, where),
         )
 
     def problem(self) -> str | None:
@@ -218,6 +263,11 @@ class Generation:
             return f"'loglikelihoods' must be a tuple of (float, bool) pairs, got {got}"
         if (pairs := loglikelihoods_problem(self.loglikelihoods)) is not None:
             return f"'loglikelihoods' {pairs}"
+        if self.rolling is not None:
+            if not isinstance(self.rolling, RollingLoglikelihood):
+                return f"'rolling' must be a RollingLoglikelihood or None, got {type(self.rolling).__name__}"
+            if (rolling := self.rolling.problem()) is not None:
+                return f"'rolling' {rolling}"
         try:
             to_json(self.to_row())
         except TypeError as exc:  # surrogates, non-JSON metadata, NaN
@@ -270,8 +320,9 @@ class GenerationError:
 
 
 GenerateResult = list[Generation] | GenerationError
-# Per continuation of a loglikelihood request: (summed log-probability, is greedy).
-LoglikelihoodResult = list[tuple[float, bool]] | GenerationError
+# Per continuation of a loglikelihood request: (summed log-probability, is greedy);
+# for a loglikelihood_rolling request, the whole text's `RollingLoglikelihood`.
+LoglikelihoodResult = list[tuple[float, bool]] | RollingLoglikelihood | GenerationError
 
 
 @runtime_checkable
@@ -295,7 +346,11 @@ class LoglikelihoodProvider(Protocol):
     `(summed log-probability, is_greedy)` pair per entry of its
     `continuations`, in order: the log-probability of the continuation's
     tokens given the prompt, and whether greedy decoding from the prompt
-    would produce exactly those tokens. A provider may also stream these with
+    would produce exactly those tokens. A `loglikelihood_rolling` request
+    (perplexity: a text and no continuations) is answered with one
+    `RollingLoglikelihood`: the whole text's summed log-probability, cut into
+    windows of the model's context as lm-evaluation-harness cuts it, and its
+    token count. A provider may also stream these with
     `loglikelihood_stream(requests)`, yielding `(index, result)` pairs as
     `StreamingProvider.generate_stream` does.
     """
@@ -357,6 +412,15 @@ def request_digest(request: Request) -> str:
     """The digest reuse compares: a saved generation answers a request when
     the digests of their `request_content` match."""
     return digest(request_content(request))
+
+
+def scored_loglikelihoods(generation: Generation) -> tuple[tuple[float, bool], ...]:
+    """The (log-likelihood, is_greedy) pairs a scorer is handed: a
+    loglikelihood answer's, or a rolling answer's total as its one pair
+    (never greedy: a rolling answer does not say)."""
+    if generation.rolling is not None:
+        return ((generation.rolling.loglikelihood, False),)
+    return generation.loglikelihoods
 
 
 def is_real(value: Any) -> bool:

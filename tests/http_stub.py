@@ -242,6 +242,8 @@ class StubServer:
     - `models_status`: the HTTP status GET /v1/models answers with (200);
     - `api_key`: when set, every request must carry `Authorization: Bearer <key>`;
     - `bos`: text prompts are tokenized with a start token first (stub_logprobs.py).
+    - `max_model_len`: the context length `/tokenize` answers with (2048);
+      `eos`: the end-of-text token `/tokenizer_info` names (None).
 
     What happened: `received`, `answered`, `in_flight`, `peak_in_flight`, `requests` (path,
     lower-cased headers, body) and `events` (dicts with an "event" key:
@@ -266,6 +268,8 @@ class StubServer:
         self.models_status = 200
         self.api_key: str | None = None
         self.bos = False  # True: text prompts start with a start token, "<s>" (stub_logprobs.py)
+        self.max_model_len = 2048  # what /tokenize says the model's context is
+        self.eos: str | None = None  # the end-of-text token /tokenizer_info names
         self.received = 0
         self.answered = 0
         self.in_flight = 0
@@ -484,7 +488,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         if self.path.rstrip("/") == "/tokenizer_info":  # as vllm serve: lm-eval's remote tokenizer
-            self.reply(200, {"eos_token": None, "bos_token": "<s>" if stub.bos else None, "pad_token": None})
+            bos = "<s>" if stub.bos else None
+            self.reply(200, {"eos_token": stub.eos, "bos_token": bos, "pad_token": None})
             return
         if self.path.rstrip("/") != "/v1/models":
             self.reply(404, {"error": {"message": f"no route {self.path}", "code": 404}})
@@ -512,7 +517,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path in ("/tokenize", "/detokenize") and isinstance(body, dict):
             if self.path == "/tokenize":
-                self.reply(200, {"tokens": token_ids(str(body.get("prompt", "")))})
+                tokens = token_ids(str(body.get("prompt", "")))
+                # as vllm serve answers: the count and the model's context length beside the ids
+                self.reply(200, {"tokens": tokens, "count": len(tokens), "max_model_len": stub.max_model_len})
             else:
                 self.reply(200, {"prompt": "".join(detokenize(list(body.get("tokens", []))))})
             return

@@ -163,11 +163,12 @@ def write_group(folder: Path, tasks: Sequence[str], name: str = "tiny_group") ->
     return yaml
 
 
-def write_tiny_ppl(folder: Path, n: int = 10, seed: int = 2) -> Path:
+def write_tiny_ppl(folder: Path, n: int = 10, seed: int = 2, words: tuple[int, int] = (3, 12)) -> Path:
     """The loglikelihood_rolling task (lm-eval's default metrics: word and
-    byte perplexity, bits per byte); returns its YAML."""
+    byte perplexity, bits per byte), texts of `words` words (bounds
+    included); returns its YAML."""
     rng = random.Random(seed)
-    rows = [{"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))} for _ in range(n)]
+    rows = [{"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(*words)))} for _ in range(n)]
     folder.mkdir(parents=True, exist_ok=True)
     test = _jsonl(folder / "tiny_ppl.jsonl", rows)
     yaml = folder / "tiny_ppl.yaml"
@@ -267,9 +268,15 @@ def our_metrics(project: Path, task: str) -> dict[str, float]:
 
 
 def their_metrics(
-    project: Path, task: str, stub: StubServer, model: str = "local-completions", flags: Sequence[str] = ()
+    project: Path,
+    task: str,
+    stub: StubServer,
+    model: str = "local-completions",
+    flags: Sequence[str] = (),
+    extra: str = "",
 ) -> dict:
-    cmd = lm_eval_command(task, project / "tasks", project / "lm-eval-out", stub.url, model, flags=flags)
+    """lm-eval's results for `task` against the stub (`extra`: more `,key=value` model args)."""
+    cmd = lm_eval_command(task, project / "tasks", project / "lm-eval-out", stub.url, model, extra, flags)
     done = subprocess.run(cmd, env=lm_eval_env(project / "hf"), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return lm_eval_results(project / "lm-eval-out")["results"][task]

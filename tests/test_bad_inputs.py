@@ -140,7 +140,12 @@ def test_a_system_prompt_that_is_not_a_string_names_the_field(tmp_path: Path, va
         ("requests", "instance_id", 7, "'instance_id' must be a string, got a number"),
         ("requests", "context", 7, "'context' must be a string or a list of chat messages, got a number"),
         ("requests", "context", {"role": "user"}, "'context' must be a string or a list of chat messages"),
-        ("requests", "request_type", None, "'request_type' must be 'generate' or 'loglikelihood', got null"),
+        (
+            "requests",
+            "request_type",
+            None,
+            "'request_type' must be 'generate', 'loglikelihood' or 'loglikelihood_rolling', got null",
+        ),
         ("requests", "stage", "2", "'stage' must be a positive integer, got a string"),
         ("requests", "stage", 0, "'stage' must be a positive integer, got a number (0)"),
         ("requests", "stage", True, "'stage' must be a positive integer, got a boolean"),

@@ -101,19 +101,31 @@ def test_multiple_choice_acc_and_acc_norm_match_lm_eval(tmp_path: Path, stub: St
 @needs_lm_eval
 @pytest.mark.slow
 def test_loglikelihood_rolling_perplexities_match_lm_eval(tmp_path: Path, stub: StubServer) -> None:
-    stub.bos = True  # lm-eval prefixes the start token; the openai provider's echo has it from the server
-    write_tiny_ppl(tmp_path / "tasks")
+    # A context of 8 tokens: windows of at most 6 scored tokens, so every text of 7 words or more
+    # is cut into several (lm-eval's max_length is the same 8). The prefix token: <s>, whose id the
+    # stub hands out first (0), so both sides take </s> (lm-eval's `bos_token_id or eos_token_id`).
+    stub.bos = True
+    stub.eos = "</s>"
+    stub.max_model_len = 8
+    write_tiny_ppl(tmp_path / "tasks", words=(3, 30))
     done = run_plugin(tmp_path, stub, name="tiny_ppl")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = orjson.loads((tmp_path / "run" / "tiny_ppl-metrics.json").read_bytes())
-    theirs = as_ours(their_metrics(tmp_path, "tiny_ppl", stub))
+    ours_sent = [b for b in stub.bodies() if b.get("echo")]
+    theirs = as_ours(their_metrics(tmp_path, "tiny_ppl", stub, extra=",max_length=8"))
     assert set(doc["metrics"]) == {"word_perplexity", "byte_perplexity", "bits_per_byte"}
-    assert doc["metrics"] == pytest.approx(theirs, rel=1e-12)
+    assert doc["metrics"] == theirs
     assert doc["lm_eval"]["higher_is_better"] == {
         "word_perplexity": False,
         "byte_perplexity": False,
         "bits_per_byte": False,
     }
+    # The same windows went out: ours in one echo per text, lm-eval's one per window.
+    their_sent = [b for b in stub.bodies() if b.get("echo")][len(ours_sent) :]
+    windows = sorted(tuple(w) for b in ours_sent for w in b["prompt"])
+    assert windows == sorted(tuple(w) for b in their_sent for w in b["prompt"])
+    assert len(windows) > len(ours_sent)  # some texts needed more than one window
+    assert max(len(w) for w in windows) == 7
 
 
 @needs_lm_eval

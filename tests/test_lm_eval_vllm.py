@@ -2,6 +2,9 @@
 plugin's vllm provider, CPU build) and with lm-eval's own `hf` model, on the
 same tiny random Llama weights (tests/llm_fixtures.py): acc and acc_norm
 equal within 1e-4, and every choice's log-likelihood close (docs/lm_eval.md).
+A loglikelihood_rolling task whose texts need several windows of a short
+context, on the vllm provider and on lm-eval's own `vllm` model with the
+same max_model_len: the same perplexities, each text's log-likelihood close.
 Skips, saying which, where vLLM, torch, transformers, accelerate (lm-eval's
 `hf` model imports it) or lm-eval is missing; CI's first venv has them all."""
 
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from lm_eval_tasks import MODULE, lm_eval_env, lm_eval_results, write_tiny_mc
+from lm_eval_tasks import MODULE, lm_eval_env, lm_eval_results, write_tiny_mc, write_tiny_ppl
 from subprocess_pytest import PYTEST, child_env
 
 MISSING = [m for m in ("vllm", "torch", "transformers", "accelerate", "lm_eval") if find_spec(m) is None]
@@ -89,3 +92,62 @@ def test_mc_on_vllm_equals_lm_evals_hf_model_on_the_same_weights(
     assert set(lls) == set(expected)
     for doc_id, values in lls.items():
         assert values == pytest.approx(expected[doc_id], abs=1e-3), doc_id
+
+
+def test_rolling_windows_on_vllm_equal_lm_evals_vllm_model(
+    tmp_path: Path, tiny_llama: Path, engine_args: dict[str, object]
+) -> None:
+    short = {**engine_args, "max_model_len": 24}  # windows of 22 scored tokens: texts need several
+    write_tiny_ppl(tmp_path / "tasks", n=6, words=(20, 50))
+    (tmp_path / "test_lm.py").write_text(MODULE.format(name="tiny_ppl", extra=""), encoding="utf-8")
+    env = child_env(**lm_eval_env(tmp_path / "hf"))
+    options = [f"--evalreplay-engine-arg={k}={orjson.dumps(v).decode()}" for k, v in short.items()]
+    model = [f"--evalreplay-model={tiny_llama}", *options, "--evalreplay-output=run"]
+    done = subprocess.run(
+        [*PYTEST, "-q", "test_lm.py", "--evalreplay-provider=vllm", *model],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ours = orjson.loads((tmp_path / "run" / "tiny_ppl-metrics.json").read_bytes())["metrics"]
+    args = ",".join(f"{k}={v}" for k, v in short.items())
+    lm_eval_vllm = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "--model",
+        "vllm",
+        "--model_args",
+        f"pretrained={tiny_llama},{args}",
+        "--tasks",
+        "tiny_ppl",
+        "--include_path",
+        str(tmp_path / "tasks"),
+        "--output_path",
+        str(tmp_path / "vllm-out"),
+        "--log_samples",
+    ]
+    theirs = subprocess.run(
+        lm_eval_vllm, env=lm_eval_env(tmp_path / "hf"), capture_output=True, text=True, timeout=900
+    )
+    assert theirs.returncode == 0, theirs.stderr[-3000:]
+    results = lm_eval_results(tmp_path / "vllm-out")["results"]["tiny_ppl"]
+    for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
+        assert ours[metric] == pytest.approx(results[f"{metric},none"], rel=1e-4), metric
+    rows = [
+        orjson.loads(line)
+        for line in (tmp_path / "run" / "tiny_ppl-predictions.jsonl").read_bytes().splitlines()
+    ]
+    lls = {int(r["instance_id"]): r["generations"][0]["rolling"] for r in rows}
+    (path,) = sorted((tmp_path / "vllm-out").rglob("samples_tiny_ppl_*.jsonl"))
+    expected = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        expected[row["doc_id"]] = float(row["resps"][0][0])
+    assert set(lls) == set(expected)
+    assert any(r["tokens"] > 22 for r in lls.values())  # some text was cut into windows
+    for doc_id, rolling in lls.items():
+        assert rolling["loglikelihood"] == pytest.approx(expected[doc_id], abs=1e-3), doc_id

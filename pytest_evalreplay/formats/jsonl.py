@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from pytest_evalreplay.model import EvalReplayError, Generation, loglikelihoods_problem
+from pytest_evalreplay.model import EvalReplayError, Generation, RollingLoglikelihood, loglikelihoods_problem
 from pytest_evalreplay.storage import lines as line_reader
 from pytest_evalreplay.storage.files import os_error
 from pytest_evalreplay.storage.lines import read_jsonl
@@ -146,6 +146,7 @@ def generation_from_row(row: Any, where: str, index: int) -> Generation:
         raise bad_field(
             where, f"{name}.loglikelihoods", "a list of [log-probability, is_greedy] pairs", pairs
         )
+    rolling = row.get("rolling")
     return Generation(
         text=text,
         original_text=original,
@@ -154,6 +155,7 @@ def generation_from_row(row: Any, where: str, index: int) -> Generation:
         completion_tokens=token_count(row.get("completion_tokens"), where, f"{name}.completion_tokens"),
         metadata=metadata or {},
         loglikelihoods=tuple((float(ll), greedy) for ll, greedy in pairs or ()),
+        rolling=None if rolling is None else RollingLoglikelihood.from_row(rolling, f"{where}: {name}"),
     )
 
 

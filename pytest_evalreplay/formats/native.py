@@ -426,7 +426,10 @@ def read_requests(
             raise bad_field(where, "sampling", "an object of sampling settings, or null", sampling)
         samplings.append(sampling)
         continuations.append(fields.continuations)
-        if fields.request_type in ("generate", "loglikelihood") and not fields.extras:
+        if (
+            fields.request_type in ("generate", "loglikelihood", "loglikelihood_rolling")
+            and not fields.extras
+        ):
             try:
                 prompts.append(index_key(fields.context, fields.system_prompt))
             except TypeError as exc:

@@ -53,6 +53,7 @@ def answer_of(generation: Generation) -> Answer:
     return (
         generation.raw_text,
         tuple(generation.loglikelihoods),
+        generation.rolling,
         *(getattr(generation, f) for f in _SERVED_FIELDS[:3]),
         orjson.dumps(generation.metadata, option=orjson.OPT_SORT_KEYS),
     )
@@ -63,6 +64,10 @@ def _shown(first: Generation, other: Generation) -> tuple[str, str]:
     if first.loglikelihoods != other.loglikelihoods:
         return tuple(  # type: ignore[return-value]
             f"log-likelihoods {show([ll for ll, _ in g.loglikelihoods], 40)}" for g in (first, other)
+        )
+    if first.rolling != other.rolling:
+        return tuple(  # type: ignore[return-value]
+            f"rolling {show(g.rolling and g.rolling.to_row(), 60)}" for g in (first, other)
         )
     if first.raw_text != other.raw_text:
         return show(first.raw_text, 40), show(other.raw_text, 40)
@@ -134,6 +139,7 @@ def served(generation: Generation, saved_sampling: Mapping[str, Any] | None = No
         completion_tokens=generation.completion_tokens,
         metadata=metadata,
         loglikelihoods=generation.loglikelihoods,
+        rolling=generation.rolling,
     )
 
 

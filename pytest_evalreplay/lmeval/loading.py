@@ -38,7 +38,8 @@ DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's API models' default max_gen_toks
 class DocRequests:
     """One document: its lm-eval id, the document, and what is asked about it.
     `continuations` for the loglikelihood kinds (one per choice), in lm-eval's
-    request order; `gen_kwargs` for `generate_until`."""
+    request order; `gen_kwargs` for `generate_until`; `rolling` for
+    `loglikelihood_rolling` (`context` is then the text)."""
 
     doc_id: int
     doc: Mapping[str, Any]
@@ -46,6 +47,7 @@ class DocRequests:
     continuations: tuple[str, ...] = ()
     gen_kwargs: Mapping[str, Any] = field(default_factory=dict)
     task: str = ""  # its lm-eval task's name
+    rolling: bool = False
 
     def instance_id(self, grouped: bool) -> str:
         """`doc_id`; in a group or tag, `subtask/doc_id` (doc ids repeat across subtasks)."""
@@ -332,8 +334,8 @@ def _documents(task: Any, name: str, where: str) -> tuple[DocRequests, ...]:
             )
             continue
         if task.OUTPUT_TYPE == "loglikelihood_rolling":
-            # The whole text after the model's start token: a loglikelihood with an empty context.
-            out.append(DocRequests(doc_id, first.doc, "", (first.args[0],), task=name))
+            # The whole text, its log-likelihood over rolling windows of the model's context.
+            out.append(DocRequests(doc_id, first.doc, first.args[0], task=name, rolling=True))
             continue
         contexts = {inst.args[0] for inst in instances}
         if len(contexts) != 1:

@@ -13,7 +13,9 @@ One instance per lm-eval document, id the document's `doc_id` as a string
 `generate_until` document is one generate request (lm-eval's context, its
 `generation_kwargs` as sampling); a `multiple_choice` or `loglikelihood`
 document is one loglikelihood request whose continuations are lm-eval's
-(`target_delimiter + choice`). Answers are scored by `scoring.py`.
+(`target_delimiter + choice`); a `loglikelihood_rolling` document is one
+rolling request of its text (cut into windows by the provider, as lm-eval
+cuts it). Answers are scored by `scoring.py`.
 """
 
 from __future__ import annotations
@@ -177,6 +179,15 @@ class LmEvalMixin:
     def request(self, instance: Instance, stage: int = 1, rollouts: tuple[int, ...] = ()) -> Request:
         self.lm_eval  # noqa: B018 - loads
         doc = self._docs[instance["id"]]
+        if doc.rolling:
+            return Request(
+                task=self.name,
+                instance_id=instance["id"],
+                context=doc.context,
+                request_type="loglikelihood_rolling",
+                stage=stage,
+                rollouts=rollouts,
+            )
         if doc.continuations:
             return Request(
                 task=self.name,
@@ -214,6 +225,13 @@ class LmEvalMixin:
         doc = self._docs[instance["id"]]
         if loaded.output_type == "generate_until":
             responses: list[Any] = [text]
+        elif doc.rolling:
+            if len(loglikelihoods) != 1:
+                raise EvalReplayError(
+                    f"task {self.name!r}, document {instance['id']}: the answer holds {len(loglikelihoods)} "
+                    "log-likelihoods for a loglikelihood_rolling text (one, the whole text's)"
+                )
+            responses = [float(loglikelihoods[0][0])]  # lm-eval's rolling answer: the log-likelihood alone
         else:
             if len(loglikelihoods) != len(doc.continuations):
                 raise EvalReplayError(
@@ -221,8 +239,6 @@ class LmEvalMixin:
                     f"log-likelihoods for {len(doc.continuations)} continuations"
                 )
             responses = [(float(ll), bool(greedy)) for ll, greedy in loglikelihoods]
-            if loaded.output_type == "loglikelihood_rolling":
-                responses = [responses[0][0]]  # lm-eval's rolling answer: the log-likelihood alone
         try:
             with loading.compiled_templates():  # process_results renders doc_to_target / doc_to_choice
                 return scoring.score_document(

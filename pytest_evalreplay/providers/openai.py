@@ -59,7 +59,13 @@ from pytest_evalreplay.providers.engine_requests import unsupported
 from pytest_evalreplay.providers.openai_balancer import Balancer, Server, parse_server
 from pytest_evalreplay.providers.openai_breaker import GIVE_UP_AFTER, GIVE_UP_FAILURES, Breaker
 from pytest_evalreplay.providers.openai_calls import Call, Caller
-from pytest_evalreplay.providers.openai_loglikelihood import combine_scores, plan_scoring
+from pytest_evalreplay.providers.openai_loglikelihood import plan_scoring
+from pytest_evalreplay.providers.openai_rolling import (
+    RollingCall,
+    ServerTokenizer,
+    combine_answers,
+    plan_rolling,
+)
 from pytest_evalreplay.providers.openai_watchdog import Run, get_models
 from pytest_evalreplay.providers.openai_wire import (
     CHAT_PATH,
@@ -197,6 +203,7 @@ class OpenAIProvider:
             Breaker(len(servers), give_up_failures, give_up_after),
             self.notes,
         )
+        self._tokenizer = ServerTokenizer(model)  # asked for rolling requests' windows only
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._runs: set[Run] = set()
@@ -306,13 +313,20 @@ class OpenAIProvider:
 
     def loglikelihood_stream(self, requests: list[Request]) -> Iterator[tuple[int, LoglikelihoodResult]]:
         """Like `generate_stream`, for loglikelihood requests: one call each
-        to the completions endpoint with `echo` (openai_loglikelihood.py)."""
-        return self._stream(requests, lambda r: plan_scoring(r, self.kind, self.model), combine_scores)
+        to the completions endpoint with `echo` (openai_loglikelihood.py); a
+        loglikelihood_rolling request's windows after the server's tokenizer
+        cut them (openai_rolling.py)."""
+        return self._stream(requests, self._plan_scoring, combine_answers)
+
+    def _plan_scoring(self, request: Request) -> list[Call] | list[RollingCall] | GenerationError:
+        if request.request_type == "loglikelihood_rolling":
+            return plan_rolling(request, self.kind, self._tokenizer)
+        return plan_scoring(request, self.kind, self.model)
 
     def _stream(
         self,
         requests: list[Request],
-        plan: Callable[[Request], list[Call] | GenerationError],
+        plan: Callable[[Request], list[Call] | list[RollingCall] | GenerationError],
         combine: Callable[[list[Any]], R],
     ) -> Iterator[tuple[int, R | GenerationError]]:
         """Run each request's planned calls on the worker threads; yield
@@ -339,7 +353,10 @@ class OpenAIProvider:
                 parts[i] = [None] * len(calls)
                 left[i] = len(calls)
                 for k, call in enumerate(calls):
-                    future = pool.submit(self._caller.call, run, call.path, call.data, call.parse)
+                    if isinstance(call, RollingCall):  # its calls one after another, on one thread
+                        future = pool.submit(call, self._caller, run)
+                    else:
+                        future = pool.submit(self._caller.call, run, call.path, call.data, call.parse)
                     future.add_done_callback(lambda f, i=i, k=k: finished.put((i, k, f)))
                     futures.append(future)
             yield from ready

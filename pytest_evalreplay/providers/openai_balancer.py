@@ -8,6 +8,7 @@ without a network or a clock; the provider holds the lock and the time.
 from __future__ import annotations
 
 import itertools
+import posixpath
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -26,6 +27,15 @@ class Server:
     host: str
     port: int | None
     prefix: str
+
+    def path_of(self, path: str) -> str:
+        """The request path of `path` below the base URL, dot segments
+        resolved (`/../tokenize` beside `/v1` is `/tokenize`)."""
+        return posixpath.normpath(self.prefix + path)
+
+    def url_of(self, path: str) -> str:
+        """`path`'s full URL, for messages."""
+        return self.url[: len(self.url) - len(self.prefix)] + self.path_of(path)
 
 
 def parse_server(base_url: str) -> Server:

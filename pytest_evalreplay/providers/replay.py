@@ -59,11 +59,18 @@ class ReplayProvider:
 
     def loglikelihood(self, requests: list[Request]) -> list[LoglikelihoodResult]:
         """The saved (log-probability, is_greedy) pairs of each request's
-        continuations, by the same rules as `generate`."""
+        continuations (a rolling request's saved `RollingLoglikelihood`), by
+        the same rules as `generate`."""
         out: list[LoglikelihoodResult] = []
         for request in requests:
             result = self.answer(request)
-            out.append(result if isinstance(result, GenerationError) else list(result[0].loglikelihoods))
+            if isinstance(result, GenerationError):
+                out.append(result)
+            elif request.request_type == "loglikelihood_rolling":
+                assert result[0].rolling is not None  # only rolling saves serve a rolling request
+                out.append(result[0].rolling)
+            else:
+                out.append(list(result[0].loglikelihoods))
         return out
 
     def close(self) -> None:
@@ -108,8 +115,16 @@ class ReplayProvider:
             if isinstance(matching, GenerationError):
                 return matching
             rows = matching
+        elif request.request_type == "loglikelihood_rolling":
+            rows = [row for row in rows if not row.continuations and _rolling(row)]
+            if not rows:
+                return GenerationError(
+                    f"replay: this text ({where}) was not saved with its rolling log-likelihood (a "
+                    "loglikelihood_rolling answer): replay a run that scored it, or score this task with a "
+                    "live provider that serves loglikelihood_rolling"
+                )
         else:
-            rows = [row for row in rows if not row.continuations]
+            rows = [row for row in rows if not row.continuations and not _rolling(row)]
             if not rows:
                 return GenerationError(
                     f"replay: this prompt ({where}) was saved with log-likelihoods of answer choices "
@@ -197,6 +212,11 @@ class ReplayProvider:
             f"{self.index.source} holds {len(self.index)} saved prompts{skipped}.{hint} "
             "Check that the task renders the same context and system prompt as the saved run"
         )
+
+
+def _rolling(row: SavedRow) -> bool:
+    """Whether a save holds rolling log-likelihoods (a loglikelihood_rolling answer)."""
+    return any(g.rolling is not None for g in row.generations)
 
 
 def _same_continuations(

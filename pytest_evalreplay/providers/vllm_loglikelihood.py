@@ -16,6 +16,10 @@ aborts on close are generation's. Requests of the same context share its
 tokenization; identical context + continuation sequences within a request
 are scored once. (vLLM does not serve prompt log-probabilities from its
 prefix cache, so each continuation's prefill covers its context again.)
+
+A loglikelihood_rolling request's prompts are its text's windows
+(rolling_requests.py, cut to the engine's max_model_len as lm-eval's vllm
+model cuts them), each scored past its context; its answer is their sum.
 """
 
 from __future__ import annotations
@@ -24,12 +28,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_evalreplay.model import GenerationError, LoglikelihoodResult, Request
+from pytest_evalreplay.model import GenerationError, LoglikelihoodResult, Request, RollingLoglikelihood
+from pytest_evalreplay.providers.engine_requests import text_prompt
 from pytest_evalreplay.providers.loglikelihood_requests import (
     continuation_start,
     request_pairs,
     too_long,
     unsupported_loglikelihood,
+)
+from pytest_evalreplay.providers.rolling_requests import (
+    NO_MAX_LENGTH,
+    rolling_windows,
+    total,
+    unsupported_rolling,
 )
 from pytest_evalreplay.providers.vllm_requests import RequestTranslator
 from pytest_evalreplay.providers.vllm_stream import Slot, Stream, engine_failure
@@ -45,6 +56,8 @@ class Plan:
     prompts: tuple[tuple[int, ...], ...]
     starts: tuple[int, ...]
     answers: tuple[int | None, ...]
+    # A rolling request's: its prompts are the text's windows, and this its token count.
+    rolling_tokens: int | None = None
 
 
 def plan_request(request: Request, encode: Any, max_model_len: int | None) -> Plan | GenerationError:
@@ -72,6 +85,35 @@ def plan_request(request: Request, encode: Any, max_model_len: int | None) -> Pl
             starts.append(start)
         answers.append(prompts.index(whole))
     return Plan(tuple(prompts), tuple(starts), tuple(answers))
+
+
+def plan_rolling(
+    request: Request, encode: Any, prefix: int | None, max_model_len: int | None
+) -> Plan | GenerationError:
+    """A rolling request's windows (rolling_requests.py) as engine prompts,
+    each scored past its context, or the terminal error of one that cannot be
+    cut: `encode` tokenizes the text as lm-eval's vllm model does (special
+    tokens added), `prefix` is the start token (else end-of-text)."""
+    if max_model_len is None:
+        return GenerationError(f"{NO_MAX_LENGTH}: the engine gives no max_model_len", retryable=False)
+    if prefix is None:
+        return GenerationError(
+            "the tokenizer has no start or end-of-text token, and a loglikelihood_rolling text's first "
+            "token is scored after one",
+            retryable=False,
+        )
+    assert isinstance(request.context, str)
+    tokens = encode(text_prompt(request.context, request.system_prompt))
+    try:
+        windows = rolling_windows(tokens, prefix, max_model_len)
+    except ValueError as exc:
+        return GenerationError(str(exc), retryable=False)
+    return Plan(
+        tuple(w.tokens for w in windows),
+        tuple(len(w.context) for w in windows),
+        tuple(range(len(windows))),
+        rolling_tokens=len(tokens),
+    )
 
 
 def score(plan: Plan, k: int, prompt_logprobs: Any) -> tuple[float, bool] | str:
@@ -111,6 +153,10 @@ class ScoreStream(Stream):
         self.scores[index] = [None] * len(slots)
 
     def answer(self, index: int, plan: Plan, scores: list[tuple[float, bool] | None]) -> None:
+        if plan.rolling_tokens is not None:  # the windows' sums, added in window order
+            sums = [scores[k][0] for k in plan.answers if k is not None and scores[k] is not None]  # type: ignore[index]
+            self.ready.append((index, RollingLoglikelihood(total(sums), plan.rolling_tokens)))
+            return
         pairs = [(0.0, True) if k is None else scores[k] for k in plan.answers]
         self.ready.append((index, [p for p in pairs if p is not None]))
 
@@ -146,7 +192,10 @@ def stream_loglikelihoods(
     this module); its engine, translator, `_drive` and `_track` are used."""
     pending: list[int] = []
     for i, request in enumerate(requests):
-        error = unsupported_loglikelihood(request, provider.kind)
+        if request.request_type == "loglikelihood_rolling":
+            error = unsupported_rolling(request, provider.kind)
+        else:
+            error = unsupported_loglikelihood(request, provider.kind)
         if error is None:
             pending.append(i)
         else:
@@ -164,12 +213,26 @@ def stream_loglikelihoods(
             cache[text] = list(tokenizer.encode(text))
         return cache[text]
 
+    # lm-eval's vllm model: the start token (else end-of-text) before the first window, and the text
+    # tokenized with the tokenizer's special tokens unless it starts with the start token's text.
+    bos = getattr(tokenizer, "bos_token_id", None)
+    prefix = bos if bos is not None else getattr(tokenizer, "eos_token_id", None)
+    bos_text = getattr(tokenizer, "bos_token", None)
+
+    def rolling_encode(text: str) -> list[int]:
+        if isinstance(bos_text, str) and bos_text and text.startswith(bos_text):
+            return list(tokenizer.encode(text, add_special_tokens=False))
+        return encode(text)
+
     stream = ScoreStream()
     params = translator.sampling_params(max_tokens=1, prompt_logprobs=1, temperature=0.0)
 
     def add() -> None:
         for i in pending:
-            plan = plan_request(requests[i], encode, translator.max_model_len)
+            if requests[i].request_type == "loglikelihood_rolling":
+                plan = plan_rolling(requests[i], rolling_encode, prefix, translator.max_model_len)
+            else:
+                plan = plan_request(requests[i], encode, translator.max_model_len)
             if isinstance(plan, GenerationError):
                 stream.ready.append((i, plan))
             elif not plan.prompts:

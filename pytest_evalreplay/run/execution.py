@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from pytest_evalreplay.journal.rows import Failure
 from pytest_evalreplay.model import (
+    LOGLIKELIHOOD_TYPES,
     EvalReplayError,
     GenerateResult,
     Generation,
@@ -26,7 +27,9 @@ from pytest_evalreplay.model import (
     Provider,
     Request,
     RequestKey,
+    RollingLoglikelihood,
     loglikelihoods_problem,
+    scored_loglikelihoods,
 )
 
 RETRYABLE_EXCEPTIONS: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError)
@@ -115,6 +118,8 @@ def check_result(request: Request, result: object, who: str = "provider") -> Gen
         return result
     if request.request_type == "loglikelihood":
         return _check_loglikelihoods(request, result, who)
+    if request.request_type == "loglikelihood_rolling":
+        return _check_rolling(request, result, who)
     wanted = len(request.rollouts)
     if isinstance(result, list) and len(result) == request.num_samples != wanted:
         result = [result[r] for r in request.rollouts]  # every sample answered: take the wanted ones
@@ -160,10 +165,25 @@ def _check_loglikelihoods(request: Request, result: object, who: str) -> Generat
     return [Generation(text="", loglikelihoods=pairs) for _ in request.rollouts]
 
 
+def _check_rolling(request: Request, result: object, who: str) -> GenerateResult:
+    """A rolling answer as the one Generation the journal keeps (text "")."""
+    if not isinstance(result, RollingLoglikelihood):
+        return GenerationError(
+            f"{who}: loglikelihood returned {result!r:.60} for a loglikelihood_rolling request; expected "
+            "a RollingLoglikelihood(loglikelihood, tokens) of the whole text",
+            retryable=False,
+        )
+    problem = result.problem()
+    if problem is not None:
+        return GenerationError(f"{who}: loglikelihood returned a bad rolling answer: it {problem}", False)
+    answer = RollingLoglikelihood(float(result.loglikelihood), result.tokens)
+    return [Generation(text="", rolling=answer) for _ in request.rollouts]
+
+
 def require_loglikelihood(provider: Provider, requests: Sequence[Request]) -> None:
     """A provider asked for log-likelihoods must serve them: else a usage
     error naming the task and the provider, before anything is asked."""
-    wanting = next((r for r in requests if r.request_type == "loglikelihood"), None)
+    wanting = next((r for r in requests if r.request_type in LOGLIKELIHOOD_TYPES), None)
     if wanting is None:
         return
     if any(callable(getattr(provider, name, None)) for name in ("loglikelihood", "loglikelihood_stream")):
@@ -190,7 +210,7 @@ def returns_whole(provider: Provider, requests: Sequence[Request]) -> bool:
     """Whether the provider answers these requests in calls that return a
     list (no `<call>_stream` method for any call they need): then a call's
     results are all in hand when the first of them is."""
-    kinds = {"loglikelihood" if r.request_type == "loglikelihood" else "generate" for r in requests}
+    kinds = {"loglikelihood" if r.request_type in LOGLIKELIHOOD_TYPES else "generate" for r in requests}
     return not any(callable(getattr(provider, f"{kind}_stream", None)) for kind in kinds)
 
 
@@ -205,7 +225,7 @@ def _call_stream(provider: Provider, requests: list[Request], call: str) -> Iter
 def _raw_stream(provider: Provider, requests: list[Request]) -> Iterator[tuple[int, object]]:
     """`generate` for generate requests, `loglikelihood` for loglikelihood
     ones; a batch of both (never one task's) is asked in two calls."""
-    wanting = [r.request_type == "loglikelihood" for r in requests]
+    wanting = [r.request_type in LOGLIKELIHOOD_TYPES for r in requests]
     if not any(wanting):
         return _call_stream(provider, requests, "generate")
     if all(wanting):
@@ -414,7 +434,7 @@ def score_generation(
     that rollout naming the value, never a score of 0. `grades`: a graded
     scorer's verdicts, read from the judge's journal by the session."""
     try:
-        scores = task.score(generation.text, instance, grades, generation.loglikelihoods)
+        scores = task.score(generation.text, instance, grades, scored_loglikelihoods(generation))
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a scorer's SystemExit, CancelledError: its rollout fails

@@ -248,7 +248,7 @@ def request_fields(row: Any, where: str) -> RequestFields:
     stage = stage_of(row, where)
     kind = row["request_type"]
     if type(kind) is not str:
-        raise bad_field(where, "request_type", "'generate' or 'loglikelihood'", kind)
+        raise bad_field(where, "request_type", "'generate', 'loglikelihood' or 'loglikelihood_rolling'", kind)
     context = row["context"]
     if type(context) is not str and type(context) is not list:
         raise bad_field(where, "context", "a string or a list of chat messages", context)
