@@ -40,6 +40,7 @@ CONFIG_FIELDS = {
     "model": "model",
     "provider": "provider configuration",
     "stages": "ELO stage configuration (seed, references, judge, stages)",
+    "rundir": "run dir configuration (instance order, strip_reasoning, pass@k, gate)",
 }
 
 
@@ -68,6 +69,7 @@ class Merged:
     # each shard's dir (as given) -> its "K/N" and the suite its marker records:
     # the merge compares them with the suite it runs, never runs one of them
     suites: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    markers: list[Mapping[str, Any]] = field(default_factory=list)  # in shard order
 
 
 def merge(dirs: Sequence[ShardDir]) -> Merged:
@@ -109,6 +111,7 @@ def merge(dirs: Sequence[ShardDir]) -> Merged:
         tasks=tasks,
         notes=notes,
         suites={d.label: (str(d.marker["shard"]), d.marker.get("suite")) for d in ordered},
+        markers=[d.marker for d in ordered],
     )
 
 
