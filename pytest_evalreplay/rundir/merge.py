@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,13 +138,13 @@ def _without_run(row: Mapping[str, Any]) -> bytes:
     return orjson.dumps({k: v for k, v in row.items() if k != "run"}, option=orjson.OPT_SORT_KEYS)
 
 
-def _rows(label: str, name: str, data: bytes, notes: list[str]) -> list[tuple[bytes, dict[str, Any]]]:
-    """A journal's rows after its header (a torn last line, from a killed shard, is left out)."""
+def _rows(label: str, name: str, data: bytes, notes: list[str]) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """A journal's rows after its header (a torn last line, from a killed shard,
+    is left out), one at a time: the caller keeps the lines, not the rows."""
     check_line_lengths(f"{label}/{name}", data)
     lines = data.split(b"\n")
     if lines and lines[-1].strip():
         notes.append(f"{label}/{name}:{len(lines)}: left out a torn last line (a shard killed mid-write)")
-    out: list[tuple[bytes, dict[str, Any]]] = []
     for lineno, line in enumerate(lines[:-1], 1):
         if not line.strip():
             continue
@@ -164,8 +164,7 @@ def _rows(label: str, name: str, data: bytes, notes: list[str]) -> list[tuple[by
                     f"version merges {FORMAT!r}); run that shard again with this version"
                 )
             continue
-        out.append((line, row))
-    return out
+        yield line, row
 
 
 def _identity(row: Mapping[str, Any], line: bytes) -> Any:
@@ -192,9 +191,9 @@ def _subject(row: Mapping[str, Any]) -> Any:
     return None
 
 
-def _canonical(rows: Sequence[Mapping[str, Any]]) -> tuple[bytes, set[bytes]]:
+def _canonical(lines: Sequence[bytes]) -> tuple[bytes, set[bytes]]:
     """A subject's rows as compared across shards (less their run): the newest, and all."""
-    every = [_without_run(row) for row in rows]
+    every = [_without_run(orjson.loads(line)) for line in lines]
     return every[-1], set(every)
 
 
@@ -202,17 +201,19 @@ def merge_journal(name: str, parts: Sequence[tuple[str, bytes]], notes: list[str
     """One journal from the same-named journals of several shards (in shard order)."""
     kept: list[bytes] = []
     seen: set[Any] = set()
-    # subject -> (dir, its rows there, (newest, all) as compared): the comparable
+    # subject -> (dir, its lines there, (newest, all) as compared): the comparable
     # form is made only when a second shard decides the subject too (a rollout
-    # belongs to one shard, so mostly never: it was a third of the merge's time).
-    newest: dict[Any, tuple[str, list[dict[str, Any]], tuple[bytes, set[bytes]] | None]] = {}
+    # belongs to one shard, so mostly never: it was a third of the merge's time),
+    # decoded again from the lines then (holding every row decoded was most of
+    # the merge's memory).
+    newest: dict[Any, tuple[str, list[bytes], tuple[bytes, set[bytes]] | None]] = {}
     task = name.removesuffix("-journal.jsonl")
     for label, data in parts:
-        mine: dict[Any, list[dict[str, Any]]] = {}
+        mine: dict[Any, list[bytes]] = {}
         for line, row in _rows(label, name, data, notes):
             subject = _subject(row)
             if subject is not None:
-                mine.setdefault(subject, []).append(row)
+                mine.setdefault(subject, []).append(line)
             identity = _identity(row, line)
             if identity not in seen:
                 seen.add(identity)
