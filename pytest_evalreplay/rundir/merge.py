@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,8 @@ CONFIG_FIELDS = {
 
 @dataclass(frozen=True)
 class ShardDir:
-    """One input: its path as given, its marker, its journals (file name -> bytes)."""
+    """One input: its path as given, its marker, its journals (file name ->
+    bytes; read from disk when taken, for a shard dir: `sharddir.JournalFiles`)."""
 
     label: str
     marker: Mapping[str, Any]
@@ -97,8 +98,9 @@ def merge(dirs: Sequence[ShardDir]) -> Merged:
     tasks = _check_configs(ordered)
     notes: list[str] = []
     names = sorted({name for d in ordered for name in d.journals})
+    # Each shard's journal is taken (read, where `journals` reads files) as its turn comes.
     journals = {
-        name: merge_journal(name, [(d.label, d.journals[name]) for d in ordered if name in d.journals], notes)
+        name: merge_journal(name, ((d.label, d.journals[name]) for d in ordered if name in d.journals), notes)
         for name in names
     }
     n = counts.pop()
@@ -197,7 +199,7 @@ def _canonical(lines: Sequence[bytes]) -> tuple[bytes, set[bytes]]:
     return every[-1], set(every)
 
 
-def merge_journal(name: str, parts: Sequence[tuple[str, bytes]], notes: list[str]) -> bytes:
+def merge_journal(name: str, parts: Iterable[tuple[str, bytes]], notes: list[str]) -> bytes:
     """One journal from the same-named journals of several shards (in shard order)."""
     kept: list[bytes] = []
     seen: set[Any] = set()
@@ -237,9 +239,12 @@ def merge_journal(name: str, parts: Sequence[tuple[str, bytes]], notes: list[str
                 newest[subject] = (label, rows, (last, every | other_every))
             else:
                 newest[subject] = (other[0], other[1], (other_last, other_every))
-    body = b"".join(line + b"\n" for line in kept)
-    run = "merged-" + hashlib.blake2b(body, digest_size=16).hexdigest()
-    return orjson.dumps(header_row(task, run), option=orjson.OPT_APPEND_NEWLINE) + body
+    body = b"\n".join(kept)  # one copy of the rows, not one per line and another for the whole
+    run = hashlib.blake2b(body, digest_size=16)
+    if kept:
+        run.update(b"\n")
+    header = orjson.dumps(header_row(task, "merged-" + run.hexdigest()), option=orjson.OPT_APPEND_NEWLINE)
+    return b"".join((header, body, b"\n")) if kept else header
 
 
 def _shown(key: Sequence[Any]) -> str:

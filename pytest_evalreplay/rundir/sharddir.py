@@ -14,7 +14,7 @@ import gc
 import hashlib
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -273,8 +273,25 @@ def read_shard_dir(directory: Path) -> ShardDir:
             f"{directory} is not a shard dir (no {MARKER}): pass the --evalreplay-output dirs of runs "
             "made with --evalreplay-shard=K/N"
         )
-    journals = {p.name: read_bytes(p) for p in sorted(directory.glob("*-journal.jsonl")) if p.is_file()}
+    journals = JournalFiles({p.name: p for p in sorted(directory.glob("*-journal.jsonl")) if p.is_file()})
     return ShardDir(str(directory), marker, journals)
+
+
+class JournalFiles(Mapping[str, bytes]):
+    """A shard dir's journals, each file read when taken: the merge holds one
+    shard's journal at a time, not every shard's."""
+
+    def __init__(self, paths: Mapping[str, Path]) -> None:
+        self._paths = dict(paths)
+
+    def __getitem__(self, name: str) -> bytes:
+        return read_bytes(self._paths[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
 
 
 def check_out(out: Path) -> None:
