@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -197,3 +198,33 @@ def test_shards_that_strip_reasoning_differently_are_refused(pytester: pytest.Py
     code, _, err = merge(pytester, "merged", "s1", "s2", suite=SUITE)
     assert code == 2 and "run dir configuration (instance order, strip_reasoning, pass@k, gate)" in err
     assert not (pytester.path / "merged").exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (
+            lambda doc: [doc.pop("max_attempts"), doc["tasks"]["capitals"].pop("rundir")],
+            "written by an older",
+        ),
+        (lambda doc: doc["tasks"]["capitals"]["rundir"]["order"].pop(), "does not match its requests"),
+        (lambda doc: doc["tasks"]["capitals"]["rundir"].update(order="x"), "does not match its requests"),
+        (lambda doc: doc.update(max_attempts="3"), "were edited (max_attempts, finish)"),
+    ],
+)
+def test_a_marker_of_an_older_version_or_edited_runs_the_suite(
+    pytester: pytest.Pytester, edit: Callable[[dict], object], why: str
+) -> None:
+    examples(pytester, "test_evals.py")
+    assert pytester.runpytest("-p", "no:randomly", "--evalreplay-output=single").ret == 0
+    dirs = shards(pytester, 2)
+    for d in dirs:
+        marker = pytester.path / d / "evalreplay-shard.json"
+        doc = orjson.loads(marker.read_bytes())
+        edit(doc)
+        marker.write_bytes(orjson.dumps(doc))
+    code, out, err = merge(pytester, "merged", *dirs, suite=SUITE)
+    forget_suite()
+    assert code == 0, err
+    assert DIRECT not in out and why in out, out
+    assert run_dir(pytester.path / "merged") == run_dir(pytester.path / "single")

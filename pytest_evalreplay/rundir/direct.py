@@ -51,17 +51,22 @@ def needs_suite(merged: Merged, args: Sequence[str], rescore: bool) -> str | Non
         return "the arguments after -- are not the shards' suite arguments"
     for name in ("max_attempts", "finish"):
         values = {_key(m.get(name)) for m in merged.markers}
+        if None in values:
+            return "the shards' markers were written by an older version"
         if len(values) != 1:
-            return f"the shards' markers record different {name} (or none)"
+            return f"the shards' markers record different {name}"
     finish = merged.markers[0].get("finish")
+    attempts = merged.markers[0].get("max_attempts")
+    if type(attempts) is not int or attempts < 1 or not isinstance(finish, list):
+        return "the shards' markers were edited (max_attempts, finish)"
     if finish:
         return f"the shards' sessions wrote {', '.join(map(str, finish))} at their end"
     for task, config in merged.tasks.items():
         spec = config.get("rundir")
         if not isinstance(spec, dict):
-            return f"task {task!r}: {spec}"
+            return f"task {task!r}: {spec or 'its marker records no run dir configuration'}"
         if not _consistent(spec, config):
-            return f"task {task!r}: its marker's instances do not match its requests (edited?)"
+            return f"task {task!r}: its marker's run dir configuration does not match its requests (edited?)"
     return None
 
 
@@ -76,6 +81,18 @@ def _consistent(spec: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
     if not isinstance(order, list) or type(n) is not int or n < 1 or len(order) * n != config.get("items"):
         return False
     if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(v, str) for v in p) for p in order):
+        return False
+    metrics = spec.get("pass")
+    if not isinstance(spec.get("strip_reasoning"), bool) or not isinstance(metrics, list):
+        return False
+    if not all(
+        isinstance(m, list)
+        and len(m) == 2
+        and type(m[0]) is int
+        and m[0] >= 1
+        and (m[1] is None or isinstance(m[1], str))
+        for m in metrics
+    ):
         return False
     return digest(sorted([1, iid, rq] for iid, rq in order)) == config.get("requests")
 
