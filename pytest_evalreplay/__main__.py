@@ -217,11 +217,14 @@ def merge_main(
     rescore: bool = False,
     allow_missing: bool = False,
 ) -> int:
-    """Merge the shards' journals, then run the suite over OUT, from here,
-    with `pytest_args` and --evalreplay-no-generate: the run dir written as
-    every run writes it, nothing generated, the gates judged. OUT is written
+    """Merge the shards' journals, then write OUT's run dir from them alone
+    where no task needs the suite (`rundir/direct.py`), else run the suite
+    over OUT, from here, with `pytest_args` and --evalreplay-no-generate: the
+    run dir written as every run writes it, nothing generated, the gates
+    judged. In the suite's case OUT is written
     only once pytest's configuration is known and every shard's recorded
-    suite is the one this run is (`_MergeRun`). Exit status: pytest's."""
+    suite is the one this run is (`_MergeRun`). Exit status: pytest's (0 for
+    the run dir written directly)."""
     from pytest_evalreplay.rundir.direct import needs_suite
     from pytest_evalreplay.rundir.sharddir import check_out, read_and_merge
 

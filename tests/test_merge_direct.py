@@ -228,3 +228,12 @@ def test_a_marker_of_an_older_version_or_edited_runs_the_suite(
     assert code == 0, err
     assert DIRECT not in out and why in out, out
     assert run_dir(pytester.path / "merged") == run_dir(pytester.path / "single")
+
+
+def test_shards_that_wrote_a_report_leave_it_to_the_suites_run(pytester: pytest.Pytester) -> None:
+    examples(pytester, "test_evals.py")
+    dirs = shards(pytester, 2, "--evalreplay-report=shard.md")
+    code, out, err = merge(pytester, "merged", *dirs, suite=("--", "-p", "no:randomly", "-qq"))
+    forget_suite()
+    assert code == 0, err
+    assert DIRECT not in out and "the shards' sessions wrote --evalreplay-report at their end" in out

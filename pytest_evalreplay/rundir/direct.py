@@ -10,8 +10,9 @@ every item again cost the merge 56x a read of the journals.
 
 Where a task needs its code (a gate, an agent's transcripts, a judge, an
 EloEval's ratings, lm-eval's aggregation, maj@k's answers), where `--rescore`
-scores again, where the merge's or a shard's options write more files
-(reports, baselines, JUnit XML), or where a rollout was generated and never
+scores again, where the merge's or a shard's options write more files (a
+report, an HTML page, a comparison, a baseline: any argument after `--` but
+the shards' own and `-q`/`-v`), or where a rollout was generated and never
 scored, `needs_suite` says why and the merge runs the suite as before.
 """
 
@@ -33,8 +34,10 @@ from pytest_evalreplay.rundir.merge import Merged
 from pytest_evalreplay.rundir.writer import manifest_lock, write_manifest, write_task
 from pytest_evalreplay.scorers import reasoning_stripped
 
-# Options of the merge's own pytest run that only shape its terminal output.
-_TERMINAL = ("-q", "-qq", "-v", "-vv", "--quiet", "--verbose")
+
+def _terminal(arg: str) -> bool:
+    """An option that only shapes the merge's terminal output (`-q`, `-vv`...)."""
+    return arg in ("--quiet", "--verbose") or (len(arg) > 1 and arg[0] == "-" and set(arg[1:]) <= {"q", "v"})
 
 
 def needs_suite(merged: Merged, args: Sequence[str], rescore: bool) -> str | None:
@@ -46,7 +49,7 @@ def needs_suite(merged: Merged, args: Sequence[str], rescore: bool) -> str | Non
     if len(suites) != 1 or None in suites:
         return "the shards' markers record different suites (or none)"
     recorded = next(iter(merged.suites.values()))[1]
-    given = [a for a in args if a not in _TERMINAL]
+    given = [a for a in args if not _terminal(a)]
     if given != recorded["args"]:
         return "the arguments after -- are not the shards' suite arguments"
     for name in ("max_attempts", "finish"):
@@ -113,7 +116,9 @@ def outcomes(
         sample = tuple(SampleMetric("pass", k, score) for k, score in spec["pass"])
         plan = TaskPlan(task, keys, requests, config["provider"], sample)
         index = JournalIndex.read(out, task)
-        model = index.providers.get(config["provider"], {}).get("model")
+        if config["provider"] not in index.providers:  # the manifest names the provider that made it
+            return {}, f"task {task!r}: its journal holds nothing its provider made"
+        model = index.providers[config["provider"]].get("model")
         outcome = task_outcome(plan, index, max_attempts, run, model if isinstance(model, str) else None)
         unscored = sum(1 for i in outcome.items if i.status == "missing" and i.gen is not None)
         if unscored:
@@ -134,7 +139,7 @@ def write_run_dir(
         order = [iid for iid, _ in spec["order"]]
         strip = reasoning_stripped if spec["strip_reasoning"] else None
         write_task(out, outcome, run, index, order, spec["num_samples"], postprocess=strip)
-        identity = index.providers.get(config["provider"], identity)
+        identity = index.providers[config["provider"]]
     model = identity.get("model")
     with manifest_lock(out):
         write_manifest(out, model if isinstance(model, str) else None, identity, list(done))
