@@ -237,3 +237,14 @@ def test_shards_that_wrote_a_report_leave_it_to_the_suites_run(pytester: pytest.
     forget_suite()
     assert code == 0, err
     assert DIRECT not in out and "the shards' sessions wrote --evalreplay-report at their end" in out
+
+
+@pytest.mark.slow
+def test_the_merge_vs_read_benchmark_runs_small() -> None:
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "shards.py"
+    args = ["--merge-vs-read", "--vs-rollouts", "300", "--pairs", "1"]
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "merge of 3 shards (903 journal rows)" in proc.stdout and "goal <= 3x peak RSS:" in proc.stdout
