@@ -31,8 +31,10 @@ Goal for 2 and 3: the merge under 5% of the run it merges.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,16 +45,32 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scale_harness import PYTEST, child_env, eval_args, eval_project, expect_in, run_pytest, verdict, warm_up
+from scale_harness import (
+    PYTEST,
+    Compared,
+    Measure,
+    child_env,
+    eval_args,
+    eval_project,
+    expect_in,
+    run_child,
+    run_pytest,
+    verdict,
+    warm_up,
+)
 
 from pytest_evalreplay.journal import rows as journal
-from pytest_evalreplay.model import Generation
-from pytest_evalreplay.rundir.sharddir import merge_into
-from pytest_evalreplay.shard import shard_of
+from pytest_evalreplay.model import Generation, digest
+from pytest_evalreplay.numbers.planning import TaskPlan
+from pytest_evalreplay.rundir.sharddir import claim, merge_into, task_config
+from pytest_evalreplay.shard import Shard, shard_of
 
 SHARDS = 4
 BUSY_MS = 20.0
 MERGE_GOAL = 0.05
+READ_SHARDS = 3
+CPU_GOAL, RSS_GOAL = 5.0, 3.0  # part 4: the merge against a read of its journals
+MERGE_SUITE = ["-p", "no:cacheprovider", "-p", "no:randomly"]  # what the synthetic shards ran
 
 
 def run_shards(project: Path, out: Path) -> float:
@@ -97,27 +115,92 @@ def merge_journals(out: Path, dirs: list[Path]) -> float:
     return time.perf_counter() - start
 
 
-def synthetic_shards(root: Path, rollouts: int) -> list[Path]:
-    """Shard dirs as 4 shards of one task of `rollouts` items would leave them."""
+def synthetic_shards(root: Path, rollouts: int, shards: int = SHARDS) -> list[Path]:
+    """Shard dirs as `shards` shards of one task of `rollouts` items would
+    leave them: journals of the plugin's own rows, markers written by the
+    plugin's own `claim` (so the merge writes the run dir from them alone)."""
     provider = {"kind": "instant", "model": "instant-1"}
-    rows: dict[int, list[dict]] = {k: [journal.provider_row("pv", provider)] for k in range(1, SHARDS + 1)}
+    pv = digest(provider)
+    rows: dict[int, list[dict]] = {k: [journal.provider_row(pv, provider)] for k in range(1, shards + 1)}
+    requests = {}
     for i in range(rollouts):
         key = (1, f"q{i}", 0)
-        k = shard_of("t", key, SHARDS)
-        rq = f"rq{i:032d}"
-        rows[k].append(journal.request_row(rq, {"context": f"Question q{i}", "sampling": {}}))
-        rows[k].append(journal.gen_row(key, rq, "pv", f"run{k}", Generation(text="ok", finish_reason="stop")))
+        k = shard_of("t", key, shards)
+        request = {
+            "request_type": "generate",
+            "context": f"Question q{i}",
+            "system_prompt": None,
+            "sampling": {},
+        }
+        rq = requests[(1, f"q{i}")] = digest(request)
+        gen = Generation(text=f"answer q{i}", finish_reason="stop", prompt_tokens=3, completion_tokens=2)
+        rows[k].append(journal.request_row(rq, request))
+        rows[k].append(journal.gen_row(key, rq, pv, f"run{k}", gen))
         rows[k].append(journal.score_row(key, f"run{k}", f"run{k}", {"score": float(i % 2)}, None))
-    config = {"requests": "r", "items": rollouts, "provider": "pv", "kind": "instant", "model": "instant-1"}
+    plan = TaskPlan("t", tuple((1, f"q{i}", 0) for i in range(rollouts)), requests, pv)
+    spec = {"order": [[f"q{i}", requests[(1, f"q{i}")]] for i in range(rollouts)], "num_samples": 1}
+    config = task_config(plan, provider, (), {**spec, "strip_reasoning": False, "pass": []})
+    suite = {"args": MERGE_SUITE, "start": ".", "config": None}
     dirs = []
     for k, body in rows.items():
         d = root / f"shard-{k}"
         d.mkdir(parents=True)
         (d / "t-journal.jsonl").write_bytes(journal.encode([journal.header_row("t", f"run{k}"), *body]))
-        marker = {"format": "evalreplay-shard/1", "shard": f"{k}/{SHARDS}", "tasks": {"t": config}}
-        (d / "evalreplay-shard.json").write_bytes(orjson.dumps(marker))
+        claim(d, Shard(k, shards), {"t": config}, suite, 3)
         dirs.append(d)
     return dirs
+
+
+READ = """
+import sys, orjson
+for path in sys.argv[1:]:
+    with open(path, "rb") as f:
+        for line in f:
+            orjson.loads(line)
+"""
+
+
+def clean_rss(tmp: Path, argv: list[str]) -> Measure:
+    """`run_child`, with the child's own peak RSS as GNU time reports it: a
+    child forked from this process (which built the shards) starts with this
+    process's resident set, and wait4 reports that."""
+    if shutil.which("/usr/bin/time") is None:
+        raise SystemExit("--merge-vs-read needs GNU time at /usr/bin/time (apt-get install time)")
+    measure = run_child(tmp, ["/usr/bin/time", "-f", "evalreplay-maxrss-kib=%M", *argv])
+    kib = int(measure.output.rsplit("evalreplay-maxrss-kib=", 1)[1].split()[0])
+    return dataclasses.replace(measure, maxrss_mib=kib / 1024)
+
+
+def merge_vs_read(tmp: Path, rollouts: int, pairs: int) -> None:
+    """Part 4: the merge command of 3 shards (a request, a gen and a score row
+    per rollout) against a process that only reads their journals with orjson,
+    line by line; CPU and peak RSS of each child, interleaved pairs."""
+    dirs = synthetic_shards(tmp / "vs", rollouts, READ_SHARDS)
+    journals = [str(d / "t-journal.jsonl") for d in dirs]
+    rows = sum(len(Path(j).read_bytes().splitlines()) - 1 for j in journals)
+    merges, reads = [], []
+    for n in range(pairs):
+        out = tmp / f"vs-merged-{n}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest_evalreplay",
+            "merge",
+            str(out),
+            *map(str, dirs),
+            "--",
+            *MERGE_SUITE,
+        ]
+        merges.append(clean_rss(tmp, cmd))
+        expect_in(merges[-1], "wrote the run dir from the merged journals")
+        reads.append(clean_rss(tmp, [sys.executable, "-c", READ, *journals]))
+    both = Compared(merges, reads)
+    print(f"merge of {READ_SHARDS} shards ({rows:,} journal rows) vs reading the journals with orjson")
+    print(both.line("cpu", "CPU", "s", "merge", "read"))
+    print(both.line("maxrss_mib", "peak RSS", "MiB", "merge", "read"))
+    cpu, rss = both.ratio("cpu"), both.ratio("maxrss_mib")
+    print(f"  goal <= {CPU_GOAL:g}x CPU: {verdict(cpu <= CPU_GOAL)}")
+    print(f"  goal <= {RSS_GOAL:g}x peak RSS: {verdict(rss <= RSS_GOAL)}")
 
 
 def merge_only(tmp: Path, rollouts: int) -> None:
@@ -157,7 +240,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--merge-only", action="store_true", help="part 3 alone: the whole merge at scale")
     parser.add_argument("--rollouts", type=int, default=100_000, help="rollouts of --merge-only")
+    parser.add_argument(
+        "--merge-vs-read", action="store_true", help="part 4 alone: the merge against a read of its journals"
+    )
+    parser.add_argument("--vs-rollouts", type=int, default=60_000, help="rollouts of --merge-vs-read")
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved pairs of --merge-vs-read")
     args = parser.parse_args()
+    if args.merge_vs_read:
+        with tempfile.TemporaryDirectory() as tmpdir:
+            merge_vs_read(Path(tmpdir), args.vs_rollouts, args.pairs)
+        return
     if args.merge_only:
         with tempfile.TemporaryDirectory() as tmpdir:
             warm_up(Path(tmpdir))

@@ -217,11 +217,15 @@ def merge_main(
     rescore: bool = False,
     allow_missing: bool = False,
 ) -> int:
-    """Merge the shards' journals, then run the suite over OUT, from here,
-    with `pytest_args` and --evalreplay-no-generate: the run dir written as
-    every run writes it, nothing generated, the gates judged. OUT is written
+    """Merge the shards' journals, then write OUT's run dir from them alone
+    where no task needs the suite (`rundir/direct.py`), else run the suite
+    over OUT, from here, with `pytest_args` and --evalreplay-no-generate: the
+    run dir written as every run writes it, nothing generated, the gates
+    judged. In the suite's case OUT is written
     only once pytest's configuration is known and every shard's recorded
-    suite is the one this run is (`_MergeRun`). Exit status: pytest's."""
+    suite is the one this run is (`_MergeRun`). Exit status: pytest's (0 for
+    the run dir written directly)."""
+    from pytest_evalreplay.rundir.direct import needs_suite
     from pytest_evalreplay.rundir.sharddir import check_out, read_and_merge
 
     try:
@@ -236,11 +240,58 @@ def merge_main(
                 "with the provider generates them)"
             )
         check_out(out)
+        why = needs_suite(merged, pytest_args, rescore)
+        written = why is None
+        if why is None:
+            why = _write_directly(out, merged)
+            if why is None:
+                return 0
     except EvalReplayError as exc:
         return _refused(exc)
-    plugin = _MergeRun(out, merged, list(pytest_args), rescore)
+    plugin = _MergeRun(out, merged, list(pytest_args), rescore, why, written)
     code = _finish(out.resolve(), list(pytest_args), rescore, plugin)
     return _refused(plugin.refused) if plugin.refused is not None else code
+
+
+def _merged_lines(out: Path, merged: Merged) -> list[str]:
+    lines = [
+        *merged.notes,
+        f"merged shards {', '.join(merged.shards)} into {out}: {', '.join(merged.tasks)}",
+    ]
+    for k in merged.missing:
+        lines.append(
+            f"shard {k}/{merged.of} is missing: its rollouts are missing from {out} (complete: false); "
+            f"run it and merge again, or `pytest --resume --evalreplay-output={out}` with the provider "
+            "generates them"
+        )
+    return lines
+
+
+def _write_directly(out: Path, merged: Merged) -> str | None:
+    """The merged journals, then the run dir from them alone (`rundir/direct.py`);
+    or why the suite's run must write it after all (the journals are in OUT then)."""
+    from pytest_evalreplay.rundir.direct import new_run, outcomes, write_run_dir
+    from pytest_evalreplay.rundir.sharddir import write_merged_dir
+
+    write_merged_dir(out, merged)
+    run = new_run()
+    done, why = outcomes(out, merged, run)
+    if why is not None:
+        return why
+    write_run_dir(out, merged, done, run)
+    lines = _merged_lines(out, merged)
+    for task, (outcome, _) in done.items():
+        lines.append(
+            f"{task}: {outcome.num_items:,} items, {outcome.num_failed:,} failed, "
+            f"{outcome.num_missing:,} missing"
+        )
+    lines.append(
+        f"wrote the run dir from the merged journals, keeping the shards' scores (no pytest run: no "
+        f"task needs the suite's code; --rescore, a gate or a report would run it) into {out}"
+    )
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+    return None
 
 
 def _refused(exc: EvalReplayError) -> int:
@@ -255,12 +306,22 @@ class _MergeRun:
     with nothing written or collected. (Registered after pytest's own
     plugins, it runs before the main loop's pytest_cmdline_main.)"""
 
-    def __init__(self, out: Path, merged: Merged, args: list[str], rescore: bool) -> None:
+    def __init__(
+        self, out: Path, merged: Merged, args: list[str], rescore: bool, why: str, written: bool = False
+    ) -> None:
         self.out, self.merged, self.args, self.rescore = out, merged, args, rescore
+        self.why = why  # why the run dir needs this run (`direct.needs_suite`)
+        self.written = written  # the merged journals are in OUT already
         self.refused: EvalReplayError | None = None
 
     def pytest_cmdline_main(self, config: pytest.Config) -> int | None:
-        from pytest_evalreplay.rundir.sharddir import MARKER, suite_identity, suite_refusal, write_merged_dir
+        from pytest_evalreplay.rundir.sharddir import (
+            MARKER,
+            remove_merged,
+            suite_identity,
+            suite_refusal,
+            write_merged_dir,
+        )
 
         try:
             here = Path(config.invocation_params.dir)
@@ -270,26 +331,20 @@ class _MergeRun:
                 why = suite_refusal(Path(label) / MARKER, shard, recorded, current, rootdir)
                 if why is not None:
                     raise EvalReplayError(why)
-            write_merged_dir(self.out, self.merged)
+            if not self.written:
+                write_merged_dir(self.out, self.merged)
         except EvalReplayError as exc:
             self.refused = exc
+            if self.written:  # OUT is left as it was found: without journals
+                remove_merged(self.out, self.merged)
             return 2
         merged, out = self.merged, self.out
-        lines = [
-            *merged.notes,
-            f"merged shards {', '.join(merged.shards)} into {out}: {', '.join(merged.tasks)}",
-        ]
-        for k in merged.missing:
-            lines.append(
-                f"shard {k}/{merged.of} is missing: its rollouts are missing from {out} (complete: false); "
-                f"run it and merge again, or `pytest --resume --evalreplay-output={out}` with the provider "
-                "generates them"
-            )
+        lines = _merged_lines(out, merged)
         scores = "scoring every rollout again" if self.rescore else "keeping the shards' scores"
         shown = shlex.join(["pytest", *self.args])
         lines.append(
             f"writing the run dir: {shown} in {here} (every shard ran this suite) over {out}, "
-            f"generating nothing, {scores}"
+            f"generating nothing, {scores} (a pytest run, as {self.why})"
         )
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.model import EvalReplayError, Generation
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _UNCLOSED_THINK = re.compile(r"<think>.*\Z", re.DOTALL)
@@ -26,6 +26,23 @@ def strip_reasoning(text: str) -> str:
     """Drop `<think>...</think>` blocks; an unclosed block drops to the end
     (the model ran out of tokens while thinking, so there is no answer)."""
     return _UNCLOSED_THINK.sub("", _THINK.sub("", text)).strip()
+
+
+def reasoning_stripped(generation: Generation) -> Generation:
+    """A generation as a task with `strip_reasoning=True` saves and scores it:
+    the stripped text, the raw one kept (log-likelihoods have no text).
+    The session and the merge's run dir both apply it here."""
+    if generation.loglikelihoods:
+        return generation
+    raw = generation.raw_text
+    return Generation(
+        text=strip_reasoning(raw),
+        original_text=raw,
+        finish_reason=generation.finish_reason,
+        prompt_tokens=generation.prompt_tokens,
+        completion_tokens=generation.completion_tokens,
+        metadata=generation.metadata,
+    )
 
 
 def normalize(text: str) -> str:

@@ -35,7 +35,7 @@ from pytest_evalreplay.scorers import (
     BuiltinScorer,
     MultipleChoice,
     multiple_choice,
-    strip_reasoning,
+    reasoning_stripped,
 )
 
 if TYPE_CHECKING:
@@ -344,17 +344,7 @@ class EvalTask:
 
     def postprocess(self, generation: Generation) -> Generation:
         """Apply the reasoning strip to a provider's raw text."""
-        if not self.strip_reasoning or generation.loglikelihoods:
-            return generation
-        raw = generation.raw_text
-        return Generation(
-            text=strip_reasoning(raw),
-            original_text=raw,
-            finish_reason=generation.finish_reason,
-            prompt_tokens=generation.prompt_tokens,
-            completion_tokens=generation.completion_tokens,
-            metadata=generation.metadata,
-        )
+        return reasoning_stripped(generation) if self.strip_reasoning else generation
 
     def score(
         self,

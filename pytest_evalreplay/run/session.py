@@ -169,18 +169,30 @@ class EvalSession:
             self.runs[obj.name] = run
         shard = self.settings.shard
         if shard is not None and not collect_only:
+            from pytest_evalreplay.run.taskrun import TaskRun
             from pytest_evalreplay.rundir.sharddir import claim, suite_identity, task_config
 
             identity = self.ctx.provider_identity
             configs = {
-                name: task_config(run.plan, identity, getattr(run, "fingerprints", ()))
+                name: task_config(
+                    run.plan,
+                    identity,
+                    getattr(run, "fingerprints", ()),
+                    run.merge_spec() if isinstance(run, TaskRun) else "an EloEval is rated by the suite",
+                )
                 for name, run in self.runs.items()
             }
             suite = None
             if self.invocation is not None:
                 args, start, inipath = self.invocation
                 suite = suite_identity(args, start, self.rootdir, inipath)
-            claim(self.output, shard, configs, suite)
+            s = self.settings
+            finish = [
+                f"--evalreplay-{name.replace('_', '-')}"
+                for name in ("report", "html", "compare", "update_baseline")
+                if getattr(s, name)
+            ]
+            claim(self.output, shard, configs, suite, s.max_attempts, finish)
 
     def _batch_size(self) -> int | None:
         size = self.settings.batch_size

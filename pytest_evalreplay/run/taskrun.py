@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pytest_evalreplay.journal.index import GenRef, ScoreRef
 from pytest_evalreplay.journal.rows import RolloutKey
@@ -279,6 +280,32 @@ class TaskRun(Rollouts):
             self._score(key, index.generation(gen), gen.run)
         if self.grading is not None:
             self.grading.write_files()
+
+    def merge_spec(self) -> dict[str, Any] | str:
+        """What the shard marker records for the merge to write this task's run
+        dir from the merged journal alone (`rundir/direct.py`), or why only a
+        run of the suite can: a gate, an agent's transcripts, a judge, maj@k's
+        answers or a task class of its own need the task's code."""
+        task = self.task
+        if type(task) is not EvalTask:
+            return f"{type(task).__name__} is not a plain EvalTask"
+        if task.gate is not None:
+            return "its gate is judged by the suite"
+        if task.agent is not None:
+            return "an agent task's transcripts are written by the suite"
+        if self.grading is not None:
+            return "a scorers.graded task's judge files are written by the suite"
+        if any(m.kind != "pass" for m in self.plan.sample_metrics):
+            return "maj@k reads each answer through the task's scorer"
+        order = self.instance_order
+        if list(self.plan.keys) != [(1, iid, r) for iid in order for r in range(task.num_samples)]:
+            return "its items are not one per instance and rollout"
+        return {
+            "order": [[iid, self.plan.requests[(1, iid)]] for iid in order],
+            "num_samples": task.num_samples,
+            "strip_reasoning": task.strip_reasoning,
+            "pass": [[m.k, m.score] for m in self.plan.sample_metrics],
+        }
 
     def paired_drop(self, baseline: BaselineTask) -> PairedDrop | None:
         return None  # the gate pairs the instance scores

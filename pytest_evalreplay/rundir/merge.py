@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,12 +40,14 @@ CONFIG_FIELDS = {
     "model": "model",
     "provider": "provider configuration",
     "stages": "ELO stage configuration (seed, references, judge, stages)",
+    "rundir": "run dir configuration (instance order, strip_reasoning, pass@k, gate)",
 }
 
 
 @dataclass(frozen=True)
 class ShardDir:
-    """One input: its path as given, its marker, its journals (file name -> bytes)."""
+    """One input: its path as given, its marker, its journals (file name ->
+    bytes; read from disk when taken, for a shard dir: `sharddir.JournalFiles`)."""
 
     label: str
     marker: Mapping[str, Any]
@@ -68,6 +70,7 @@ class Merged:
     # each shard's dir (as given) -> its "K/N" and the suite its marker records:
     # the merge compares them with the suite it runs, never runs one of them
     suites: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    markers: list[Mapping[str, Any]] = field(default_factory=list)  # in shard order
 
 
 def merge(dirs: Sequence[ShardDir]) -> Merged:
@@ -95,8 +98,9 @@ def merge(dirs: Sequence[ShardDir]) -> Merged:
     tasks = _check_configs(ordered)
     notes: list[str] = []
     names = sorted({name for d in ordered for name in d.journals})
+    # Each shard's journal is taken (read, where `journals` reads files) as its turn comes.
     journals = {
-        name: merge_journal(name, [(d.label, d.journals[name]) for d in ordered if name in d.journals], notes)
+        name: merge_journal(name, ((d.label, d.journals[name]) for d in ordered if name in d.journals), notes)
         for name in names
     }
     n = counts.pop()
@@ -109,6 +113,7 @@ def merge(dirs: Sequence[ShardDir]) -> Merged:
         tasks=tasks,
         notes=notes,
         suites={d.label: (str(d.marker["shard"]), d.marker.get("suite")) for d in ordered},
+        markers=[d.marker for d in ordered],
     )
 
 
@@ -135,13 +140,13 @@ def _without_run(row: Mapping[str, Any]) -> bytes:
     return orjson.dumps({k: v for k, v in row.items() if k != "run"}, option=orjson.OPT_SORT_KEYS)
 
 
-def _rows(label: str, name: str, data: bytes, notes: list[str]) -> list[tuple[bytes, dict[str, Any]]]:
-    """A journal's rows after its header (a torn last line, from a killed shard, is left out)."""
+def _rows(label: str, name: str, data: bytes, notes: list[str]) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """A journal's rows after its header (a torn last line, from a killed shard,
+    is left out), one at a time: the caller keeps the lines, not the rows."""
     check_line_lengths(f"{label}/{name}", data)
     lines = data.split(b"\n")
     if lines and lines[-1].strip():
         notes.append(f"{label}/{name}:{len(lines)}: left out a torn last line (a shard killed mid-write)")
-    out: list[tuple[bytes, dict[str, Any]]] = []
     for lineno, line in enumerate(lines[:-1], 1):
         if not line.strip():
             continue
@@ -161,8 +166,7 @@ def _rows(label: str, name: str, data: bytes, notes: list[str]) -> list[tuple[by
                     f"version merges {FORMAT!r}); run that shard again with this version"
                 )
             continue
-        out.append((line, row))
-    return out
+        yield line, row
 
 
 def _identity(row: Mapping[str, Any], line: bytes) -> Any:
@@ -189,27 +193,29 @@ def _subject(row: Mapping[str, Any]) -> Any:
     return None
 
 
-def _canonical(rows: Sequence[Mapping[str, Any]]) -> tuple[bytes, set[bytes]]:
+def _canonical(lines: Sequence[bytes]) -> tuple[bytes, set[bytes]]:
     """A subject's rows as compared across shards (less their run): the newest, and all."""
-    every = [_without_run(row) for row in rows]
+    every = [_without_run(orjson.loads(line)) for line in lines]
     return every[-1], set(every)
 
 
-def merge_journal(name: str, parts: Sequence[tuple[str, bytes]], notes: list[str]) -> bytes:
+def merge_journal(name: str, parts: Iterable[tuple[str, bytes]], notes: list[str]) -> bytes:
     """One journal from the same-named journals of several shards (in shard order)."""
     kept: list[bytes] = []
     seen: set[Any] = set()
-    # subject -> (dir, its rows there, (newest, all) as compared): the comparable
+    # subject -> (dir, its lines there, (newest, all) as compared): the comparable
     # form is made only when a second shard decides the subject too (a rollout
-    # belongs to one shard, so mostly never: it was a third of the merge's time).
-    newest: dict[Any, tuple[str, list[dict[str, Any]], tuple[bytes, set[bytes]] | None]] = {}
+    # belongs to one shard, so mostly never: it was a third of the merge's time),
+    # decoded again from the lines then (holding every row decoded was most of
+    # the merge's memory).
+    newest: dict[Any, tuple[str, list[bytes], tuple[bytes, set[bytes]] | None]] = {}
     task = name.removesuffix("-journal.jsonl")
     for label, data in parts:
-        mine: dict[Any, list[dict[str, Any]]] = {}
+        mine: dict[Any, list[bytes]] = {}
         for line, row in _rows(label, name, data, notes):
             subject = _subject(row)
             if subject is not None:
-                mine.setdefault(subject, []).append(row)
+                mine.setdefault(subject, []).append(line)
             identity = _identity(row, line)
             if identity not in seen:
                 seen.add(identity)
@@ -233,9 +239,12 @@ def merge_journal(name: str, parts: Sequence[tuple[str, bytes]], notes: list[str
                 newest[subject] = (label, rows, (last, every | other_every))
             else:
                 newest[subject] = (other[0], other[1], (other_last, other_every))
-    body = b"".join(line + b"\n" for line in kept)
-    run = "merged-" + hashlib.blake2b(body, digest_size=16).hexdigest()
-    return orjson.dumps(header_row(task, run), option=orjson.OPT_APPEND_NEWLINE) + body
+    body = b"\n".join(kept)  # one copy of the rows, not one per line and another for the whole
+    run = hashlib.blake2b(body, digest_size=16)
+    if kept:
+        run.update(b"\n")
+    header = orjson.dumps(header_row(task, "merged-" + run.hexdigest()), option=orjson.OPT_APPEND_NEWLINE)
+    return b"".join((header, body, b"\n")) if kept else header
 
 
 def _shown(key: Sequence[Any]) -> str:

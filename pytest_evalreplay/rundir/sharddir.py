@@ -14,7 +14,7 @@ import gc
 import hashlib
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,15 @@ FORMAT = "evalreplay-shard/1"
 
 
 def task_config(
-    plan: TaskPlan, provider: Mapping[str, Any], fingerprints: list[str] | tuple[str, ...] = ()
+    plan: TaskPlan,
+    provider: Mapping[str, Any],
+    fingerprints: list[str] | tuple[str, ...] = (),
+    rundir: Mapping[str, Any] | str = "not recorded",
 ) -> dict[str, Any]:
-    """What must be equal for two shards of a task to be merged."""
+    """What must be equal for two shards of a task to be merged. `rundir`:
+    what writing its run dir from the merged journal takes (the instance
+    order, each instance's request, the reasoning strip, pass@k), or why the
+    merge must run the suite for it (`rundir/direct.py`)."""
     return {
         "requests": digest(sorted([s, iid, rq] for (s, iid), rq in plan.requests.items())),
         "items": len(plan.keys),
@@ -42,6 +48,7 @@ def task_config(
         "kind": provider.get("kind"),
         "model": provider.get("model"),
         "stages": list(fingerprints),
+        "rundir": rundir if isinstance(rundir, str) else dict(rundir),
     }
 
 
@@ -71,11 +78,15 @@ def claim(
     shard: Shard,
     tasks: Mapping[str, Mapping[str, Any]],
     suite: Mapping[str, Any] | None = None,
+    max_attempts: int | None = None,
+    finish: Sequence[str] = (),
 ) -> None:
     """Mark the dir as shard `shard`'s, before anything is written to its
     journals; refuse one another shard wrote (a merged dir's copy is fine:
     it seeds the next ELO stage). `suite` is the suite's identity
-    (`suite_identity`): the merge refuses to run a suite that differs."""
+    (`suite_identity`): the merge refuses to run a suite that differs;
+    `max_attempts` and `finish` (the options whose files the session writes
+    at its end) are for a run dir the merge writes itself (`direct.py`)."""
     known = read_marker(directory)
     if known is not None and "shard" in known and known["shard"] != str(shard):
         raise EvalReplayError(
@@ -86,6 +97,9 @@ def claim(
     doc: dict[str, Any] = {"format": FORMAT, "shard": str(shard), "tasks": {**before, **tasks}}
     if suite is not None:
         doc["suite"] = dict(suite)
+    if max_attempts is not None:  # what a retryable failure's standing was judged by
+        doc["max_attempts"] = max_attempts
+        doc["finish"] = list(finish)
     atomic_write(directory / MARKER, orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
 
 
@@ -259,8 +273,25 @@ def read_shard_dir(directory: Path) -> ShardDir:
             f"{directory} is not a shard dir (no {MARKER}): pass the --evalreplay-output dirs of runs "
             "made with --evalreplay-shard=K/N"
         )
-    journals = {p.name: read_bytes(p) for p in sorted(directory.glob("*-journal.jsonl")) if p.is_file()}
+    journals = JournalFiles({p.name: p for p in sorted(directory.glob("*-journal.jsonl")) if p.is_file()})
     return ShardDir(str(directory), marker, journals)
+
+
+class JournalFiles(Mapping[str, bytes]):
+    """A shard dir's journals, each file read when taken: the merge holds one
+    shard's journal at a time, not every shard's."""
+
+    def __init__(self, paths: Mapping[str, Path]) -> None:
+        self._paths = dict(paths)
+
+    def __getitem__(self, name: str) -> bytes:
+        return read_bytes(self._paths[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
 
 
 def check_out(out: Path) -> None:
@@ -282,6 +313,15 @@ def write_merged_dir(out: Path, merged: Merged) -> None:
     for name, data in merged.journals.items():
         atomic_write(out / name, data)
     write_merged(out, merged.shards, merged.of, merged.tasks)
+
+
+def remove_merged(out: Path, merged: Merged) -> None:
+    """Undo `write_merged_dir` (a refused merge leaves OUT without journals)."""
+    for name in [*merged.journals, MARKER]:
+        try:
+            (out / name).unlink(missing_ok=True)
+        except OSError as exc:
+            raise os_error(out / name, exc, "remove") from None
 
 
 def read_and_merge(shards: Sequence[Path]) -> Merged:
