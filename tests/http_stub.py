@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from stub_logprobs import detokenize, echo_completion, token_ids
+from stub_logprobs import BOS, detokenize, echo_completion, token_ids
 
 STUB_MODEL = "stub-model"  # the name the stub serves unless told another
 
@@ -241,10 +241,12 @@ class StubServer:
       flight, until `release()` (or their client goes away, or `stop()`);
     - `models_status`: the HTTP status GET /v1/models answers with (200);
     - `api_key`: when set, every request must carry `Authorization: Bearer <key>`;
-    - `bos`: text prompts are tokenized with a start token first (stub_logprobs.py).
+    - `bos`: text prompts are tokenized with a start token first (stub_logprobs.py);
+    - `tokenize`: whether POST /tokenize and /detokenize are served (True), as `vllm serve` does.
 
-    What happened: `received`, `answered`, `in_flight`, `peak_in_flight`, `requests` (path,
-    lower-cased headers, body) and `events` (dicts with an "event" key:
+    What happened: `received`, `answered` (completions and chat POSTs),
+    `tokenized` (/tokenize POSTs), `in_flight`, `peak_in_flight`, `requests`
+    (path, lower-cased headers, body) and `events` (dicts with an "event" key:
     received, answered, failed, dropped, client_gone, closed, models). Wait
     for a state with `wait_until(predicate)` rather than sleeping.
     """
@@ -266,6 +268,8 @@ class StubServer:
         self.models_status = 200
         self.api_key: str | None = None
         self.bos = False  # True: text prompts start with a start token, "<s>" (stub_logprobs.py)
+        self.tokenize = True  # False: no /tokenize or /detokenize (404), as a server without them
+        self.tokenized = 0  # /tokenize calls answered
         self.received = 0
         self.answered = 0
         self.in_flight = 0
@@ -510,9 +514,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if not self._authorized():
             return
-        if self.path in ("/tokenize", "/detokenize") and isinstance(body, dict):
+        if self.path in ("/tokenize", "/detokenize") and isinstance(body, dict) and stub.tokenize:
             if self.path == "/tokenize":
-                self.reply(200, {"tokens": token_ids(str(body.get("prompt", "")))})
+                with stub._cond:
+                    stub.tokenized += 1
+                start = stub.bos and body.get("add_special_tokens", True)  # vllm serve's default
+                tokens = token_ids(BOS) * start + token_ids(str(body.get("prompt", "")))
+                self.reply(200, {"count": len(tokens), "max_model_len": 4096, "tokens": tokens})
             else:
                 self.reply(200, {"prompt": "".join(detokenize(list(body.get("tokens", []))))})
             return

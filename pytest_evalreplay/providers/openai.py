@@ -7,7 +7,8 @@ calls finish; the other jobs have their own modules: one call with its
 retries (`openai_calls`), which server takes a call (`openai_balancer`),
 cutting off hung attempts and cancelled streams (`openai_watchdog`), the
 request and response bodies (`openai_wire`) and loglikelihood requests
-(`openai_loglikelihood`: one echo call to `/completions` each).
+(`openai_loglikelihood`: one echo call to `/completions` each, beside a
+`/tokenize` call where the server has it: probed once, on first use).
 Text contexts go to `/completions`, chat contexts to `/chat/completions`; up
 to `concurrency` HTTP calls are in flight at once (in total over all
 servers), each worker thread keeping one keep-alive connection per server.
@@ -63,12 +64,16 @@ from pytest_evalreplay.providers.openai_loglikelihood import combine_scores, pla
 from pytest_evalreplay.providers.openai_watchdog import Run, get_models
 from pytest_evalreplay.providers.openai_wire import (
     CHAT_PATH,
+    TOKENIZE_PATH,
+    CallFailure,
     ModelCheck,
     combine_draws,
     draw_outcome,
     parse_generations,
+    parse_token_count,
     payload,
     plan_body,
+    tokenize_body,
 )
 from pytest_evalreplay.settings import DEFAULT_CONCURRENCY, Settings
 
@@ -202,6 +207,7 @@ class OpenAIProvider:
         self._runs: set[Run] = set()
         self._checked = False
         self._check_lock = threading.Lock()
+        self._tokenizes: bool | None = None  # whether the servers answer /tokenize (probed once)
 
     def __repr__(self) -> str:  # never shows the key
         urls = self.base_url if len(self.base_urls) == 1 else list(self.base_urls)
@@ -305,9 +311,41 @@ class OpenAIProvider:
         return [results[i] for i in range(len(requests))]
 
     def loglikelihood_stream(self, requests: list[Request]) -> Iterator[tuple[int, LoglikelihoodResult]]:
-        """Like `generate_stream`, for loglikelihood requests: one call each
-        to the completions endpoint with `echo` (openai_loglikelihood.py)."""
-        return self._stream(requests, lambda r: plan_scoring(r, self.kind, self.model), combine_scores)
+        """Like `generate_stream`, for loglikelihood requests: one echo call
+        each to the completions endpoint (openai_loglikelihood.py)."""
+        tokenize = bool(requests) and self._counts_tokens()
+        yield from self._stream(
+            requests, lambda r: plan_scoring(r, self.kind, self.model, tokenize), combine_scores
+        )
+
+    def _counts_tokens(self) -> bool:
+        """Whether the servers count a text's tokens at `/tokenize`, asked once
+        (`vllm serve` does); without it each context is echoed alone too, and
+        the session's notes say so."""
+        self.check_servers()
+        with self._check_lock:
+            if self._tokenizes is None:
+                run = Run()
+                with self._lock:
+                    self._runs.add(run)
+                try:
+                    got = self._caller.call(
+                        run, TOKENIZE_PATH, tokenize_body(self.model, "Hello"), parse_token_count, root=True
+                    )
+                finally:
+                    with self._lock:
+                        self._runs.discard(run)
+                if got is None:
+                    return False  # closed meanwhile: ask again next time
+                self._tokenizes = isinstance(got, int)
+                if isinstance(got, CallFailure):
+                    self.notes.append(
+                        "multiple choice: the server does not count tokens at /tokenize ("
+                        + redact(got.message, self._caller.secrets)
+                        + "), so each request's context is echoed alone beside its continuations: "
+                        "one prompt more per request than lm-eval sends"
+                    )
+            return self._tokenizes
 
     def _stream(
         self,
@@ -339,7 +377,7 @@ class OpenAIProvider:
                 parts[i] = [None] * len(calls)
                 left[i] = len(calls)
                 for k, call in enumerate(calls):
-                    future = pool.submit(self._caller.call, run, call.path, call.data, call.parse)
+                    future = pool.submit(self._caller.call, run, call.path, call.data, call.parse, call.root)
                     future.add_done_callback(lambda f, i=i, k=k: finished.put((i, k, f)))
                     futures.append(future)
             yield from ready

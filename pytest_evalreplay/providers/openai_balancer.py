@@ -27,6 +27,15 @@ class Server:
     port: int | None
     prefix: str
 
+    def target(self, path: str, root: bool = False) -> str:
+        """The request path of an endpoint: under the base URL's prefix, or at
+        the server's root (`vllm serve` has `/tokenize` there, not under `/v1`)."""
+        return path if root else self.prefix + path
+
+    def where(self, path: str, root: bool = False) -> str:
+        """The endpoint's URL as messages name it (credentials hidden)."""
+        return self.url[: len(self.url) - len(self.prefix)] + self.target(path, root)
+
 
 def parse_server(base_url: str) -> Server:
     """The base URL the OpenAI SDK takes (`http://host:8000/v1`); no path means `/v1`."""

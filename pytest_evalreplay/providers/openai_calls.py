@@ -38,11 +38,13 @@ Parse = Callable[[bytes], "T | CallFailure"]
 
 @dataclass(frozen=True)
 class Call:
-    """One HTTP call a request needs: where, what, and how its 200 body is read."""
+    """One HTTP call a request needs: where (under the base URL's prefix, or
+    at the server's root), what, and how its 200 body is read."""
 
     path: str
     data: bytes
     parse: Parse[Any]
+    root: bool = False
 
 
 class Caller:
@@ -87,10 +89,12 @@ class Caller:
         self.watchdog.stop()
         self._connections.close()
 
-    def call(self, run: Run, path: str, data: bytes, parse: Parse[T]) -> T | CallFailure | None:
+    def call(
+        self, run: Run, path: str, data: bytes, parse: Parse[T], root: bool = False
+    ) -> T | CallFailure | None:
         """One HTTP call with its retries, on whichever servers are up: what
         `parse` makes of the 200 body, why the call failed, or None if `run`
-        was cancelled."""
+        was cancelled. `root`: `path` is at the server's root, not under its prefix."""
         start = time.monotonic()
         budget = None if self.timeout is None else (self.retries + 1) * self.timeout
         call_deadline = None if budget is None else start + budget
@@ -116,7 +120,7 @@ class Caller:
             attempts += 1
             healthy: bool | None = None
             try:
-                outcome = self._attempt(run, got, path, data, call_deadline)
+                outcome = self._attempt(run, got, path, data, call_deadline, root)
                 if outcome is None:
                     return None
                 if isinstance(outcome, CallFailure):
@@ -136,7 +140,7 @@ class Caller:
                     malformed, failure = True, parsed
                     failed_on.add(got)
                     continue
-                where = f"{self.servers[got].url}{path}"
+                where = self.servers[got].where(path, root)
                 message = redact(
                     f"HTTP {outcome.status} from {where}: {server_message(outcome.body)}", self.secrets
                 )
@@ -231,11 +235,11 @@ class Caller:
         return headers
 
     def _attempt(
-        self, run: Run, index: int, path: str, data: bytes, call_deadline: float | None
+        self, run: Run, index: int, path: str, data: bytes, call_deadline: float | None, root: bool
     ) -> Response | CallFailure | None:
         """One POST to server `index`, cut off at the sooner of its own
         timeout and the call's deadline."""
-        where = f"{self.servers[index].url}{path}"
+        where = self.servers[index].where(path, root)
         start = time.monotonic()
         own = None if self.timeout is None else start + self.timeout
         limits = [t for t in (own, call_deadline) if t is not None]
@@ -249,5 +253,14 @@ class Caller:
             what = f"timed out after {self.timeout:g} s (--evalreplay-timeout)"
         timed_out = CallFailure(f"{what} waiting for {where}", retryable=True, server_fault=True)
         return post(
-            self._connections, self.watchdog, run, index, path, data, self.headers(), deadline, timed_out
+            self._connections,
+            self.watchdog,
+            run,
+            index,
+            path,
+            data,
+            self.headers(),
+            deadline,
+            timed_out,
+            root,
         )

@@ -215,13 +215,15 @@ def post(
     headers: Mapping[str, str],
     deadline: float | None,
     timed_out: CallFailure,
+    root: bool = False,
 ) -> Response | CallFailure | None:
     """One POST on this thread's connection to server `index`, cut off at
-    `deadline` (answered with `timed_out`). A kept-alive connection the server
-    has closed meanwhile is reopened once, within the same attempt. None: the
-    run was cancelled."""
+    `deadline` (answered with `timed_out`); `path` is under the base URL's
+    prefix, or at the server's root (`root`). A kept-alive connection the
+    server has closed meanwhile is reopened once, within the same attempt.
+    None: the run was cancelled."""
     server = conns.servers[index]
-    where = f"{server.url}{path}"
+    where = server.where(path, root)
     for fresh_retry in (False, True):
         conn = conns.get(index)
         reused = conn.sock is not None
@@ -246,7 +248,7 @@ def post(
         if deadline is not None:
             watchdog.add(watch)
         try:
-            conn.request("POST", server.prefix + path, body=data, headers=dict(headers))
+            conn.request("POST", server.target(path, root), body=data, headers=dict(headers))
             resp = conn.getresponse()
             raw = read_body(resp, where)
             got = {k.lower(): v for k, v in resp.getheaders()}

@@ -28,6 +28,7 @@ from pytest_evalreplay.providers.engine_requests import (
 
 CHAT_PATH = "/chat/completions"
 TEXT_PATH = "/completions"
+TOKENIZE_PATH = "/tokenize"  # at the server's root (`vllm serve`), not under /v1
 # Body fields the provider sets itself; a task's sampling may not.
 RESERVED = frozenset({"n", "model", "prompt", "messages", "stream", "echo", "best_of"})
 # Statuses below 500 that are worth another attempt.
@@ -304,6 +305,29 @@ def echo_body(model: str, prompts: list[str]) -> bytes:
     `vllm serve` takes it: `echo` with `max_tokens` 0)."""
     body = {"model": model, "prompt": prompts, "echo": True, "logprobs": 1, "max_tokens": 0, "temperature": 0}
     return orjson.dumps(body)
+
+
+def tokenize_body(model: str, prompt: str) -> bytes:
+    """A `/tokenize` body: the prompt's tokens as a completions request
+    tokenizes it (special tokens such as a start token included)."""
+    return orjson.dumps({"model": model, "prompt": prompt, "add_special_tokens": True})
+
+
+def parse_token_count(raw: bytes) -> int | CallFailure:
+    """How many tokens a 200 `/tokenize` body holds (its `count`, else its
+    `tokens` list); `Malformed` when it holds neither."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        count = _count(data.get("count"))
+        if count is not None:
+            return count
+        if isinstance(data.get("tokens"), list):
+            return len(data["tokens"])
+    snippet = raw[:200].decode("utf-8", "replace")
+    return Malformed(f"the server's 200 answer to /tokenize has no token count: {snippet!r}", retryable=False)
 
 
 @dataclass(frozen=True)
