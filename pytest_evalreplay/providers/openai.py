@@ -68,11 +68,11 @@ from pytest_evalreplay.providers.openai_wire import (
     CallFailure,
     ModelCheck,
     combine_draws,
-    draw_outcome,
     parse_generations,
     parse_token_count,
     payload,
     plan_body,
+    sent,
     tokenize_body,
 )
 from pytest_evalreplay.settings import DEFAULT_CONCURRENCY, Settings
@@ -208,6 +208,7 @@ class OpenAIProvider:
         self._checked = False
         self._check_lock = threading.Lock()
         self._tokenizes: bool | None = None  # whether the servers answer /tokenize (probed once)
+        self._local = threading.local()  # per worker thread: its last answer, until journaled
 
     def __repr__(self) -> str:  # never shows the key
         urls = self.base_url if len(self.base_urls) == 1 else list(self.base_urls)
@@ -377,27 +378,42 @@ class OpenAIProvider:
                 parts[i] = [None] * len(calls)
                 left[i] = len(calls)
                 for k, call in enumerate(calls):
-                    future = pool.submit(self._caller.call, run, call.path, call.data, call.parse, call.root)
+                    future = pool.submit(self._send, run, call)
                     future.add_done_callback(lambda f, i=i, k=k: finished.put((i, k, f)))
                     futures.append(future)
             yield from ready
             for _ in range(len(futures)):
                 i, k, future = finished.get()
-                parts[i][k] = draw_outcome(future)
+                parts[i][k], taken = sent(future)
                 left[i] -= 1
-                if not left[i]:
-                    outcome = combine(parts.pop(i))
-                    if isinstance(outcome, GenerationError):
-                        outcome = GenerationError(
-                            redact(outcome.message, self._caller.secrets), outcome.retryable
-                        )
-                    yield i, outcome
+                if left[i]:
+                    run.release(taken)  # nothing to journal until the request's last call is in
+                    continue
+                outcome = combine(parts.pop(i))
+                if isinstance(outcome, GenerationError):
+                    message = redact(outcome.message, self._caller.secrets)
+                    outcome = GenerationError(message, outcome.retryable)
+                yield i, outcome
+                run.release(taken)  # the consumer is back: it wrote the answer's rows
             complete = True
         finally:
             with self._lock:
                 self._runs.discard(run)
             if not complete:
                 self._cancel(run, futures)
+
+    def _send(self, run: Run, call: Call) -> tuple[Any, threading.Event]:
+        """One call on this worker thread, sent only once the answer the
+        thread fetched before is journaled (released by `_stream` when its
+        consumer comes back for the next): a kill then loses at most the
+        answers in flight, never one that waited for its rows while its
+        connection went on to the next request."""
+        before = getattr(self._local, "untaken", None)
+        if before is not None:
+            before.wait()
+        outcome = self._caller.call(run, call.path, call.data, call.parse, call.root)
+        self._local.untaken = taken = run.hold()
+        return outcome, taken
 
     def _cancel(self, run: Run, futures: list[Future[Any]]) -> None:
         """Stop a stream's calls: queued ones never start, those in flight are

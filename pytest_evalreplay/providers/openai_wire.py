@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -26,6 +26,7 @@ from pytest_evalreplay.providers.engine_requests import (
     text_prompt,
 )
 
+T = TypeVar("T")
 CHAT_PATH = "/chat/completions"
 TEXT_PATH = "/completions"
 TOKENIZE_PATH = "/tokenize"  # at the server's root (`vllm serve`), not under /v1
@@ -273,13 +274,14 @@ def check_model_list(url: str, prefix: str, status: int, raw: bytes, model: str)
 Outcome = list[Generation] | CallFailure | None
 
 
-def draw_outcome(future: Future[Any]) -> Any:
-    """A finished draw's outcome; a bug in one call fails its request only."""
+def sent(future: Future[tuple[Any, T]]) -> tuple[Any, T | None]:
+    """A finished call's outcome and what else its worker returned (None
+    when it never ran or raised); a bug in one call fails its request only."""
     if future.cancelled():
-        return None
+        return None, None
     exc = future.exception()
     if exc is not None:
-        return CallFailure(f"openai provider: {type(exc).__name__}: {exc}", retryable=False)
+        return CallFailure(f"openai provider: {type(exc).__name__}: {exc}", retryable=False), None
     return future.result()
 
 
