@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             check=True,
         )
         try:
-            new, old = Code("new", None), Code(f"old ({args.baseline})", str(worktree))
+            new, old = Code("new", str(ROOT)), Code(f"old ({args.baseline})", str(worktree))
             for code in (new, old):
                 code.check()
             loss: dict[str, list[tuple[int, int, int]]] = {new.name: [], old.name: []}
