@@ -1,18 +1,22 @@
-"""What a SIGKILL costs, and what writing every answer as it arrives costs:
-the plugin's openai provider against a local OpenAI-compatible server
-(tests/http_stub.py, in this process, 127.0.0.1 only), with the default
-settings (concurrency 32), today's code side by side with a baseline commit
-(by default d15368b, before answers were written as they arrive), run from a
-`git worktree` through PYTHONPATH.
+"""What a SIGKILL costs, and what writing every answer before its
+connection sends the next costs: the plugin's openai provider against a
+local OpenAI-compatible server (tests/http_stub.py, in this process,
+127.0.0.1 only), at concurrency 8, today's code side by side with a baseline
+commit (by default 2e18c93, where a connection went on to its next request
+while its answer still waited to be journaled), run from a `git worktree`
+through PYTHONPATH.
 
-    python benchmarks/loss_bound.py            # 4 kill points, 3 throughput pairs
-    python benchmarks/loss_bound.py --quick    # 2 kill points, 1 pair
+    python benchmarks/loss_bound.py            # 3 kills at 1,000 of 2,000, 3 throughput pairs
+    python benchmarks/loss_bound.py --quick    # 1 kill at 200 of 400, 1 pair
 
-1. Loss bound: a task of 400 instances; the server answers each after
-   0.05-0.35 s (a steady stream, about 160 answers a second); the run is
-   SIGKILLed once the server has answered K of them, then `--resume` runs.
-   Re-asked: the requests the resumed run sends for prompts the server had
-   answered before the kill. Goal: at most the concurrency.
+1. Loss bound: a task of 2,000 instances; the server answers each after
+   0.05-0.35 s (a steady stream, about 40 answers a second at concurrency
+   8); the run is SIGKILLed once the server has answered 1,000 of them,
+   then `--resume` runs. Re-asked: the requests the resumed run sends for
+   prompts the server had answered before the kill. Goal (issue #34): the
+   median over the kills no more than lm-eval's per-answer cache loses
+   (`--use_cache`, median 3 at the same point, as the issue measured it),
+   and never more than the concurrency.
 2. Throughput: an uninterrupted run of 2,000 instances against an instant
    server, old and new runs interleaved. Goal: new throughput >= 0.95x the
    baseline's (medians; CPU time of the pytest process, wall time shown too).
@@ -38,10 +42,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from http_stub import Staggered, StubServer  # noqa: E402
 
-BASELINE = "d15368b"
-CONCURRENCY = 32  # the default the runs use (pytest_evalreplay.settings.DEFAULT_CONCURRENCY)
+BASELINE = "2e18c93"
+CONCURRENCY = 8
+LM_EVAL_MEDIAN = 3  # answers lm-eval --use_cache asks again after the same kill (issue #34)
 THROUGHPUT_GOAL = 0.95
-LOSS_N = 400
+LOSS_N = 2_000
+QUICK_N = 400
 THROUGHPUT_N = 2_000
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
 
@@ -94,6 +100,7 @@ def command(url: str, *args: str) -> list[str]:
         f"--evalreplay-base-url={url}",
         "--evalreplay-model=stub-model",
         "--evalreplay-output=out",
+        f"--evalreplay-concurrency={CONCURRENCY}",
         *args,
     ]
 
@@ -115,9 +122,9 @@ def journaled(root: Path) -> int:
     return len({r["instance_id"] for r in rows if r.get("type") == "gen"})
 
 
-def reasked_after_kill(code: Code, root: Path, kill_at: int) -> tuple[int, int]:
+def reasked_after_kill(code: Code, root: Path, n: int, kill_at: int) -> tuple[int, int]:
     """(answered before the kill, asked again by --resume) for one kill."""
-    project(root, LOSS_N)
+    project(root, n)
     with StubServer("stub-model") as stub:
         quiet(stub)
         stub.default = Staggered(low=0.05, high=0.35)
@@ -145,8 +152,8 @@ def reasked_after_kill(code: Code, root: Path, kill_at: int) -> tuple[int, int]:
             raise SystemExit(f"{code.name}: --resume exited {result.returncode}:\n{result.stdout[-3000:]}")
         with stub._cond:
             asked = [e["prompt"] for e in stub.events[mark:] if e["event"] == "received"]
-    if journaled(root) != LOSS_N:
-        raise SystemExit(f"{code.name}: the resumed journal holds {journaled(root)} of {LOSS_N} instances")
+    if journaled(root) != n:
+        raise SystemExit(f"{code.name}: the resumed journal holds {journaled(root)} of {n} instances")
     return len(before), sum(1 for p in asked if p in before)
 
 
@@ -173,12 +180,14 @@ def timed_run(code: Code, root: Path, url: str) -> Measure:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 kill points, 1 throughput pair")
+    parser.add_argument("--quick", action="store_true", help="1 kill at 200 of 400, 1 throughput pair")
     parser.add_argument("--runs", type=int, default=None, help="throughput pairs (default 3)")
+    parser.add_argument("--kills", type=int, default=None, help="kills per side (default 3)")
     parser.add_argument("--baseline", default=BASELINE, help="the commit to compare with")
     args = parser.parse_args(argv)
     runs = args.runs or (1 if args.quick else 3)
-    kills = [100, 250] if args.quick else [60, 130, 200, 270]
+    n = QUICK_N if args.quick else LOSS_N
+    kills = [n // 2] * (args.kills or (1 if args.quick else 3))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="evalreplay-loss-") as name:
         tmp = Path(name)
@@ -188,13 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             check=True,
         )
         try:
-            new, old = Code("new", None), Code(f"old ({args.baseline})", str(worktree))
+            new, old = Code("new", str(ROOT)), Code(f"old ({args.baseline})", str(worktree))
             for code in (new, old):
                 code.check()
             loss: dict[str, list[tuple[int, int, int]]] = {new.name: [], old.name: []}
             for k in kills:
                 for code in (new, old):
-                    answered, reasked = reasked_after_kill(code, tmp / "loss", k)
+                    answered, reasked = reasked_after_kill(code, tmp / "loss", n, k)
                     loss[code.name].append((k, answered, reasked))
             times: dict[str, list[Measure]] = {new.name: [], old.name: []}
             with StubServer("stub-model") as stub:
@@ -208,19 +217,20 @@ def main(argv: list[str] | None = None) -> int:
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], check=False
             )
 
-    print(
-        f"loss bound: {LOSS_N} instances, concurrency {CONCURRENCY}, SIGKILL after K answers, then --resume"
-    )
+    print(f"loss bound: {n:,} instances, concurrency {CONCURRENCY}, SIGKILL after K answers, then --resume")
     print(f"  {'code':<14} {'K':>4} {'answered':>9} {'re-asked':>9}")
     for code_name, rows in loss.items():
         for k, answered, reasked in rows:
             print(f"  {code_name:<14} {k:>4} {answered:>9} {reasked:>9}")
-    worst_new = max(r for _, _, r in loss[new.name])
     for code_name, rows in loss.items():
         reasked = [r for _, _, r in rows]
         print(f"  {code_name:<14} re-asked median {statistics.median(reasked):g}, max {max(reasked)}")
-    loss_ok = worst_new <= CONCURRENCY
-    print(f"  goal: re-asked <= concurrency ({CONCURRENCY}) -> {'met' if loss_ok else 'MISSED'}")
+    new_reasked = [r for _, _, r in loss[new.name]]
+    loss_ok = statistics.median(new_reasked) <= LM_EVAL_MEDIAN and max(new_reasked) <= CONCURRENCY
+    print(
+        f"  goal: median re-asked <= lm-eval --use_cache's ({LM_EVAL_MEDIAN}), max <= concurrency "
+        f"({CONCURRENCY}) -> {'met' if loss_ok else 'MISSED'}"
+    )
 
     med = {
         c: (statistics.median(m.cpu for m in ms), statistics.median(m.wall for m in ms))

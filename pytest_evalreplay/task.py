@@ -164,6 +164,7 @@ class EvalTask:
             raise EvalReplayError(f"task {name!r}: {exc}") from None
         self._by_id = {inst["id"]: inst for inst in self.instances}
         self._digests: dict[tuple[int, str], str] | None = None
+        self._golds: dict[str, int] = {}  # a choices task's gold index per instance id
 
     def _setup_agent(self, agent: Callable[..., Any] | None, limits: dict[str, int | None]) -> None:
         """An agent task runs `agent(instance, llm)` per rollout instead of one prompt."""
@@ -261,8 +262,7 @@ class EvalTask:
         if self._digests is None:
             digests = {(1, inst["id"]): request_digest(self.request(inst)) for inst in self.instances}
             if self.choices is not None:
-                for inst in self.instances:
-                    self.gold(inst)
+                self._golds = {inst["id"]: self.gold(inst) for inst in self.instances}
             self._digests = digests
         return self._digests
 
@@ -301,8 +301,12 @@ class EvalTask:
         return f"task {self.name!r}, instance {instance['id']!r}"
 
     def gold(self, instance: Instance) -> int:
-        """A choices task's gold choice index (`target` is the index or the text)."""
+        """A choices task's gold choice index (`target` is the index or the text),
+        found once per instance at collection and kept for its scoring."""
         assert self.choices is not None
+        known = self._golds.get(instance["id"])
+        if known is not None and self._by_id.get(instance["id"]) is instance:
+            return known
         where = self._where(instance)
         if callable(self.target):
             field = "the target callable's result"

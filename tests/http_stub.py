@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from stub_logprobs import detokenize, echo_completion, token_ids
+from stub_logprobs import BOS, detokenize, echo_completion, token_ids
 
 STUB_MODEL = "stub-model"  # the name the stub serves unless told another
 
@@ -241,12 +241,14 @@ class StubServer:
       flight, until `release()` (or their client goes away, or `stop()`);
     - `models_status`: the HTTP status GET /v1/models answers with (200);
     - `api_key`: when set, every request must carry `Authorization: Bearer <key>`;
-    - `bos`: text prompts are tokenized with a start token first (stub_logprobs.py).
+    - `bos`: text prompts are tokenized with a start token first (stub_logprobs.py);
+    - `tokenize`: whether POST /tokenize and /detokenize are served (True), as `vllm serve` does;
     - `max_model_len`: the context length `/tokenize` answers with (2048);
       `eos`: the end-of-text token `/tokenizer_info` names (None).
 
-    What happened: `received`, `answered`, `in_flight`, `peak_in_flight`, `requests` (path,
-    lower-cased headers, body) and `events` (dicts with an "event" key:
+    What happened: `received`, `answered` (completions and chat POSTs),
+    `tokenized` (/tokenize POSTs), `in_flight`, `peak_in_flight`, `requests`
+    (path, lower-cased headers, body) and `events` (dicts with an "event" key:
     received, answered, failed, dropped, client_gone, closed, models). Wait
     for a state with `wait_until(predicate)` rather than sleeping.
     """
@@ -270,6 +272,8 @@ class StubServer:
         self.bos = False  # True: text prompts start with a start token, "<s>" (stub_logprobs.py)
         self.max_model_len = 2048  # what /tokenize says the model's context is
         self.eos: str | None = None  # the end-of-text token /tokenizer_info names
+        self.tokenize = True  # False: no /tokenize or /detokenize (404), as a server without them
+        self.tokenized = 0  # /tokenize calls answered
         self.received = 0
         self.answered = 0
         self.in_flight = 0
@@ -515,11 +519,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if not self._authorized():
             return
-        if self.path in ("/tokenize", "/detokenize") and isinstance(body, dict):
+        if self.path in ("/tokenize", "/detokenize") and isinstance(body, dict) and stub.tokenize:
             if self.path == "/tokenize":
-                tokens = token_ids(str(body.get("prompt", "")))
-                # as vllm serve answers: the count and the model's context length beside the ids
-                self.reply(200, {"tokens": tokens, "count": len(tokens), "max_model_len": stub.max_model_len})
+                with stub._cond:
+                    stub.tokenized += 1
+                start = stub.bos and body.get("add_special_tokens", True)  # vllm serve's default
+                tokens = token_ids(BOS) * start + token_ids(str(body.get("prompt", "")))
+                self.reply(200, {"count": len(tokens), "max_model_len": stub.max_model_len, "tokens": tokens})
             else:
                 self.reply(200, {"prompt": "".join(detokenize(list(body.get("tokens", []))))})
             return

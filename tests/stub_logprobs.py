@@ -43,8 +43,10 @@ def is_top(token: str, position: int) -> bool:
 
 GENERATED = "<gen>"  # the token a max_tokens >= 1 echo appends
 BOS = "<s>"  # a bos=True stub's start token
-_VOCAB: dict[str, int] = {}
-_WORDS: list[str] = []
+# Id 0 is a token no text holds: lm-eval's remote tokenizer takes a start token
+# of id 0 for none (`bos_token_id or eos_token_id`).
+_VOCAB: dict[str, int] = {"<unk>": 0}
+_WORDS: list[str] = ["<unk>"]
 _VOCAB_LOCK = threading.Lock()
 
 

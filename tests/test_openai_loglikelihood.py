@@ -69,23 +69,53 @@ def test_values_and_greedy_follow_the_echoed_logprobs(stub: StubServer) -> None:
     assert greedy_seen == {True, False}
 
 
-def test_one_echo_call_per_request(stub: StubServer) -> None:
+def test_one_echo_call_per_request_its_context_counted_at_tokenize(stub: StubServer) -> None:
+    """The model processes one prompt per distinct continuation, as lm-eval sends."""
     with stub_provider(stub) as provider:
         (result,) = provider.loglikelihood(
             [ll_request("Say: ", ("yes", "no", "yes"), system_prompt="Be brief.")]
         )
+        assert provider.notes == []
     assert not isinstance(result, GenerationError) and result[0] == result[2]
     ((path, _, body),) = stub.requests
     assert path == "/v1/completions"
     context = "Be brief.\n\nSay:"
     assert body == {
         "model": STUB_MODEL,
-        "prompt": [context, context + " yes", context + " no"],
+        "prompt": [context + " yes", context + " no"],
         "echo": True,
         "logprobs": 1,
         "max_tokens": 0,
         "temperature": 0,
     }
+    assert stub.tokenized == 2  # the probe, then the context
+    assert result == [expected("Be brief.\n\nSay: ", c) for c in ("yes", "no", "yes")]
+
+
+def test_a_server_without_tokenize_gets_the_context_echoed_alone_and_the_same_values(
+    stub: StubServer,
+) -> None:
+    stub.tokenize = False
+    requests = [ll_request(c, conts, iid=f"q{n}") for n, (c, conts) in enumerate(CASES)]
+    with stub_provider(stub) as provider:
+        results = provider.loglikelihood(requests)
+        (note,) = provider.notes
+    assert "does not count tokens at /tokenize (HTTP 404 from http://127.0.0.1:" in note
+    assert "one prompt more per request than lm-eval sends" in note
+    assert sorted(body["prompt"][0] for body in stub.bodies()) == sorted(c.rstrip() for c, _ in CASES)
+    assert results == [[expected(c, k) for k in conts] for c, conts in CASES]
+
+
+def test_with_a_start_token_tokenize_counts_it_as_the_echo_does(stub: StubServer) -> None:
+    stub.bos = True
+    requests = [ll_request(c, conts, iid=f"q{n}") for n, (c, conts) in enumerate(CASES)]
+    with stub_provider(stub) as provider:
+        counted = provider.loglikelihood(requests)
+    stub.tokenize = False
+    with stub_provider(stub) as provider:
+        echoed = provider.loglikelihood(requests)
+    assert counted == echoed
+    assert not any(isinstance(r, GenerationError) for r in counted)
 
 
 def test_stream_yields_each_request_once(stub: StubServer) -> None:
@@ -147,7 +177,7 @@ def _one_choice_short(payload: dict[str, Any]) -> None:
         (_short_top, "top log-probabilities"),
         (_null_inside, "no log-probability for token"),
         (_nan, "log-probability"),
-        (_one_choice_short, "choices where 2 were asked for"),
+        (_one_choice_short, "0 choices where 1 were asked for"),
     ],
 )
 def test_a_malformed_answer_fails_clearly_never_scores(

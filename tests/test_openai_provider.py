@@ -459,6 +459,42 @@ def test_the_stream_yields_a_finished_request_before_a_slow_one(stub: StubServer
         assert next(stream, None) is None
 
 
+def test_a_connection_sends_its_next_request_only_once_its_answer_was_taken(stub: StubServer) -> None:
+    """The loss bound of a kill: the consumer journals each answer it is
+    handed before asking for the next, so an answer handed out but not yet
+    taken back holds its connection; what the server answered is never more
+    than one answer per connection ahead of the journal."""
+    requests = [req(f"q{i}", iid=f"q{i}") for i in range(6)]
+    with stub_provider(stub, concurrency=2) as provider:
+        stream = provider.generate_stream(requests)
+        next(stream)  # held, not yet journaled
+        assert stub.wait_until(lambda s: s.answered == 2)
+        assert not stub.wait_until(lambda s: s.received > 2, timeout=0.5)
+        next(stream)  # the first answer is journaled now: its connection asks the next
+        assert stub.wait_until(lambda s: s.received == 3)
+        assert not stub.wait_until(lambda s: s.received > 3, timeout=0.5)
+        assert len(list(stream)) == 4
+    assert stub.answered == 6
+
+
+def test_a_request_of_several_calls_holds_only_its_last_connection(stub: StubServer) -> None:
+    stub.hold_if = lambda body: body.get("seed") == 2
+    requests = [req("a", iid="a", num_samples=2, seed=1), req("b", iid="b"), req("c", iid="c")]
+    safety = threading.Timer(10.0, stub.release)  # a wrong hold would wait for this, then fail below
+    safety.start()
+    try:
+        with stub_provider(stub, concurrency=2) as provider:
+            stream = provider.generate_stream(requests)
+            # a's first draw answered leaves nothing to journal: its connection asks for b at once
+            assert next(stream)[0] == 1
+            assert stub.in_flight == 1  # a's second draw, held
+            assert not stub.wait_until(lambda s: s.received > 3, timeout=0.5)  # b is not journaled yet
+            stub.release()
+            assert sorted(i for i, _ in stream) == [0, 2]
+    finally:
+        safety.cancel()
+
+
 def test_the_stream_yields_each_index_once(stub: StubServer) -> None:
     stub.script = [Fail(400, "bad")]
     requests = [
@@ -479,14 +515,14 @@ def test_closing_the_stream_aborts_in_flight_calls_and_the_provider_works_again(
     requests = [req("fast", iid="fast")] + [req(f"held{i}", iid=f"h{i}") for i in range(5)]
     with stub_provider(stub, concurrency=3) as provider:
         stream = provider.generate_stream(requests)
-        assert next(stream)[0] == 0
-        assert stub.wait_until(lambda s: len(s.prompts("received")) == 4)  # three held, two still queued
-        stream.close()  # returns with the server still holding all three
-        assert stub.wait_until(lambda s: s.count("client_gone") == 3)
-        assert stub.received == 4 and stub.answered == 1  # the queued two never went out
+        assert next(stream)[0] == 0  # "fast"'s connection waits until it is journaled
+        assert stub.wait_until(lambda s: len(s.prompts("received")) == 3)  # two held, three still queued
+        stream.close()  # returns with the server still holding both
+        assert stub.wait_until(lambda s: s.count("client_gone") == 2)
+        assert stub.received == 3 and stub.answered == 1  # the queued three never went out
         stub.release()
         assert [g.text for g in ok(provider.generate([req("after")])[0])] == ["after|seed=None|i=0"]
-    assert stub.received == 5
+    assert stub.received == 4
 
 
 class _Interrupt(Exception):

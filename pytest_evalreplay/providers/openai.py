@@ -7,7 +7,8 @@ calls finish; the other jobs have their own modules: one call with its
 retries (`openai_calls`), which server takes a call (`openai_balancer`),
 cutting off hung attempts and cancelled streams (`openai_watchdog`), the
 request and response bodies (`openai_wire`) and loglikelihood requests
-(`openai_loglikelihood`: one echo call to `/completions` each).
+(`openai_loglikelihood`: one echo call to `/completions` each, beside a
+`/tokenize` call where the server has it: probed once, on first use).
 Text contexts go to `/completions`, chat contexts to `/chat/completions`; up
 to `concurrency` HTTP calls are in flight at once (in total over all
 servers), each worker thread keeping one keep-alive connection per server.
@@ -69,12 +70,16 @@ from pytest_evalreplay.providers.openai_rolling import (
 from pytest_evalreplay.providers.openai_watchdog import Run, get_models
 from pytest_evalreplay.providers.openai_wire import (
     CHAT_PATH,
+    TOKENIZE_PATH,
+    CallFailure,
     ModelCheck,
     combine_draws,
-    draw_outcome,
     parse_generations,
+    parse_token_count,
     payload,
     plan_body,
+    sent,
+    tokenize_body,
 )
 from pytest_evalreplay.settings import DEFAULT_CONCURRENCY, Settings
 
@@ -209,6 +214,8 @@ class OpenAIProvider:
         self._runs: set[Run] = set()
         self._checked = False
         self._check_lock = threading.Lock()
+        self._tokenizes: bool | None = None  # whether the servers answer /tokenize (probed once)
+        self._local = threading.local()  # per worker thread: its last answer, until journaled
 
     def __repr__(self) -> str:  # never shows the key
         urls = self.base_url if len(self.base_urls) == 1 else list(self.base_urls)
@@ -312,16 +319,49 @@ class OpenAIProvider:
         return [results[i] for i in range(len(requests))]
 
     def loglikelihood_stream(self, requests: list[Request]) -> Iterator[tuple[int, LoglikelihoodResult]]:
-        """Like `generate_stream`, for loglikelihood requests: one call each
-        to the completions endpoint with `echo` (openai_loglikelihood.py); a
+        """Like `generate_stream`, for loglikelihood requests: one echo call
+        each to the completions endpoint (openai_loglikelihood.py); a
         loglikelihood_rolling request's windows after the server's tokenizer
         cut them (openai_rolling.py)."""
-        return self._stream(requests, self._plan_scoring, combine_answers)
+        choices = any(r.request_type != "loglikelihood_rolling" for r in requests)
+        tokenize = choices and self._counts_tokens()
+        yield from self._stream(requests, lambda r: self._plan_scoring(r, tokenize), combine_answers)
 
-    def _plan_scoring(self, request: Request) -> list[Call] | list[RollingCall] | GenerationError:
+    def _plan_scoring(
+        self, request: Request, tokenize: bool
+    ) -> list[Call] | list[RollingCall] | GenerationError:
         if request.request_type == "loglikelihood_rolling":
             return plan_rolling(request, self.kind, self._tokenizer)
-        return plan_scoring(request, self.kind, self.model)
+        return plan_scoring(request, self.kind, self.model, tokenize)
+
+    def _counts_tokens(self) -> bool:
+        """Whether the servers count a text's tokens at `/tokenize`, asked once
+        (`vllm serve` does); without it each context is echoed alone too, and
+        the session's notes say so."""
+        self.check_servers()
+        with self._check_lock:
+            if self._tokenizes is None:
+                run = Run()
+                with self._lock:
+                    self._runs.add(run)
+                try:
+                    got = self._caller.call(
+                        run, TOKENIZE_PATH, tokenize_body(self.model, "Hello"), parse_token_count
+                    )
+                finally:
+                    with self._lock:
+                        self._runs.discard(run)
+                if got is None:
+                    return False  # closed meanwhile: ask again next time
+                self._tokenizes = isinstance(got, int)
+                if isinstance(got, CallFailure):
+                    self.notes.append(
+                        "multiple choice: the server does not count tokens at /tokenize ("
+                        + redact(got.message, self._caller.secrets)
+                        + "), so each request's context is echoed alone beside its continuations: "
+                        "one prompt more per request than lm-eval sends"
+                    )
+            return self._tokenizes
 
     def _stream(
         self,
@@ -353,30 +393,45 @@ class OpenAIProvider:
                 parts[i] = [None] * len(calls)
                 left[i] = len(calls)
                 for k, call in enumerate(calls):
-                    if isinstance(call, RollingCall):  # its calls one after another, on one thread
-                        future = pool.submit(call, self._caller, run)
-                    else:
-                        future = pool.submit(self._caller.call, run, call.path, call.data, call.parse)
+                    future = pool.submit(self._send, run, call)
                     future.add_done_callback(lambda f, i=i, k=k: finished.put((i, k, f)))
                     futures.append(future)
             yield from ready
             for _ in range(len(futures)):
                 i, k, future = finished.get()
-                parts[i][k] = draw_outcome(future)
+                parts[i][k], taken = sent(future)
                 left[i] -= 1
-                if not left[i]:
-                    outcome = combine(parts.pop(i))
-                    if isinstance(outcome, GenerationError):
-                        outcome = GenerationError(
-                            redact(outcome.message, self._caller.secrets), outcome.retryable
-                        )
-                    yield i, outcome
+                if left[i]:
+                    run.release(taken)  # nothing to journal until the request's last call is in
+                    continue
+                outcome = combine(parts.pop(i))
+                if isinstance(outcome, GenerationError):
+                    message = redact(outcome.message, self._caller.secrets)
+                    outcome = GenerationError(message, outcome.retryable)
+                yield i, outcome
+                run.release(taken)  # the consumer is back: it wrote the answer's rows
             complete = True
         finally:
             with self._lock:
                 self._runs.discard(run)
             if not complete:
                 self._cancel(run, futures)
+
+    def _send(self, run: Run, call: Call | RollingCall) -> tuple[Any, threading.Event]:
+        """One call on this worker thread, sent only once the answer the
+        thread fetched before is journaled (released by `_stream` when its
+        consumer comes back for the next): a kill then loses at most the
+        answers in flight, never one that waited for its rows while its
+        connection went on to the next request."""
+        before = getattr(self._local, "untaken", None)
+        if before is not None:
+            before.wait()
+        if isinstance(call, RollingCall):  # its calls one after another, on this thread
+            outcome = call(self._caller, run)
+        else:
+            outcome = self._caller.call(run, call.path, call.data, call.parse)
+        self._local.untaken = taken = run.hold()
+        return outcome, taken
 
     def _cancel(self, run: Run, futures: list[Future[Any]]) -> None:
         """Stop a stream's calls: queued ones never start, those in flight are

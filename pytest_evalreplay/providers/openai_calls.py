@@ -38,7 +38,8 @@ Parse = Callable[[bytes], "T | CallFailure"]
 
 @dataclass(frozen=True)
 class Call:
-    """One HTTP call a request needs: where, what, and how its 200 body is read."""
+    """One HTTP call a request needs: where (below the base URL, or beside
+    it: `/../tokenize`), what, and how its 200 body is read."""
 
     path: str
     data: bytes

@@ -33,7 +33,13 @@ from pytest_evalreplay.providers.engine_requests import text_prompt
 from pytest_evalreplay.providers.openai_calls import Caller
 from pytest_evalreplay.providers.openai_loglikelihood import combine_scores
 from pytest_evalreplay.providers.openai_watchdog import Run
-from pytest_evalreplay.providers.openai_wire import TEXT_PATH, CallFailure, Malformed, parse_echoes
+from pytest_evalreplay.providers.openai_wire import (
+    TEXT_PATH,
+    TOKENIZE_PATH,
+    CallFailure,
+    Malformed,
+    parse_echoes,
+)
 from pytest_evalreplay.providers.rolling_requests import (
     NO_MAX_LENGTH,
     Window,
@@ -43,7 +49,6 @@ from pytest_evalreplay.providers.rolling_requests import (
     window_sum,
 )
 
-TOKENIZE_PATH = "/../tokenize"
 TOKENIZER_INFO_PATH = "/../tokenizer_info"
 ROUTES = (
     "loglikelihood_rolling requests need the server's tokenizer routes (POST /tokenize, GET "

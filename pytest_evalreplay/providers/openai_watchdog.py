@@ -133,12 +133,31 @@ class Watchdog:
 
 
 class Run:
-    """The calls of one stream: closing the stream cancels them all."""
+    """The calls of one stream: closing the stream cancels them all, and
+    lets go every answer it holds (`hold`)."""
 
     def __init__(self) -> None:
         self.cancelled = threading.Event()
         self._lock = threading.Lock()
         self._watches: set[Watch] = set()
+        self._held: set[threading.Event] = set()
+
+    def hold(self) -> threading.Event:
+        """An answer handed towards the stream's consumer: set once `release`d
+        (the consumer took it back, its rows written), or when the run is cancelled."""
+        taken = threading.Event()
+        with self._lock:
+            if self.cancelled.is_set():
+                taken.set()
+            else:
+                self._held.add(taken)
+        return taken
+
+    def release(self, taken: threading.Event | None) -> None:
+        if taken is not None:
+            with self._lock:
+                self._held.discard(taken)
+            taken.set()
 
     def enter(self, watch: Watch) -> bool:
         with self._lock:
@@ -155,6 +174,9 @@ class Run:
         with self._lock:
             self.cancelled.set()
             watches = list(self._watches)
+            held, self._held = self._held, set()
+        for taken in held:
+            taken.set()
         for watch in watches:
             watch.abort("cancelled")
 

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -26,8 +26,10 @@ from pytest_evalreplay.providers.engine_requests import (
     text_prompt,
 )
 
+T = TypeVar("T")
 CHAT_PATH = "/chat/completions"
 TEXT_PATH = "/completions"
+TOKENIZE_PATH = "/../tokenize"  # beside /v1, at the server's root (`vllm serve`)
 # Body fields the provider sets itself; a task's sampling may not.
 RESERVED = frozenset({"n", "model", "prompt", "messages", "stream", "echo", "best_of"})
 # Statuses below 500 that are worth another attempt.
@@ -272,13 +274,14 @@ def check_model_list(url: str, prefix: str, status: int, raw: bytes, model: str)
 Outcome = list[Generation] | CallFailure | None
 
 
-def draw_outcome(future: Future[Any]) -> Any:
-    """A finished draw's outcome; a bug in one call fails its request only."""
+def sent(future: Future[tuple[Any, T]]) -> tuple[Any, T | None]:
+    """A finished call's outcome and what else its worker returned (None
+    when it never ran or raised); a bug in one call fails its request only."""
     if future.cancelled():
-        return None
+        return None, None
     exc = future.exception()
     if exc is not None:
-        return CallFailure(f"openai provider: {type(exc).__name__}: {exc}", retryable=False)
+        return CallFailure(f"openai provider: {type(exc).__name__}: {exc}", retryable=False), None
     return future.result()
 
 
@@ -304,6 +307,29 @@ def echo_body(model: str, prompts: list[str]) -> bytes:
     `vllm serve` takes it: `echo` with `max_tokens` 0)."""
     body = {"model": model, "prompt": prompts, "echo": True, "logprobs": 1, "max_tokens": 0, "temperature": 0}
     return orjson.dumps(body)
+
+
+def tokenize_body(model: str, prompt: str) -> bytes:
+    """A `/tokenize` body: the prompt's tokens as a completions request
+    tokenizes it (special tokens such as a start token included)."""
+    return orjson.dumps({"model": model, "prompt": prompt, "add_special_tokens": True})
+
+
+def parse_token_count(raw: bytes) -> int | CallFailure:
+    """How many tokens a 200 `/tokenize` body holds (its `count`, else its
+    `tokens` list); `Malformed` when it holds neither."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        count = _count(data.get("count"))
+        if count is not None:
+            return count
+        if isinstance(data.get("tokens"), list):
+            return len(data["tokens"])
+    snippet = raw[:200].decode("utf-8", "replace")
+    return Malformed(f"the server's 200 answer to /tokenize has no token count: {snippet!r}", retryable=False)
 
 
 @dataclass(frozen=True)
