@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from pytest_evalreplay.credentials import redact_url
 from pytest_evalreplay.model import GenerationError, LoglikelihoodResult, Request, RollingLoglikelihood
 from pytest_evalreplay.providers.engine_requests import text_prompt
 from pytest_evalreplay.providers.openai_calls import Caller
@@ -215,10 +214,8 @@ def plan_rolling(
 
 
 def combine_answers(outcomes: list[object]) -> LoglikelihoodResult:
-    """A loglikelihood or rolling request's result from its one unit's outcome."""
-    (outcome,) = outcomes
-    if isinstance(outcome, RollingLoglikelihood):
-        return outcome
-    if isinstance(outcome, CallFailure):
-        return GenerationError(redact_url(outcome.message), retryable=outcome.retryable)
+    """A rolling request's result from its one unit's outcome; a choices
+    request's from its calls' (`combine_scores`)."""
+    if len(outcomes) == 1 and isinstance(outcomes[0], RollingLoglikelihood):
+        return outcomes[0]
     return combine_scores(outcomes)
