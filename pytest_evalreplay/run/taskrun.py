@@ -191,6 +191,25 @@ class TaskRun(Rollouts):
             return self._saved_result(key, gen, saved)
         return self._score(key, index.generation(gen), gen.run)
 
+    def _replay_now(self) -> None:
+        """Under replay, answer every rollout to run from the saved run at
+        once (its chunks, through the one loop into the journal) and handle
+        what it answered as --resume handles what the journal holds: reused,
+        rescored, deselected. What it could not answer (no saved prompt, a
+        sample count that differs) stays to run, to report its failure."""
+        if self.ctx.settings.provider != "replay" or self.task.agent is not None:
+            return
+        self.ensure_generated(self.decisions.run)
+        run: list[RolloutKey] = []
+        for key in self.decisions.run:
+            gen = self.own_gen(key)
+            if gen is None:
+                run.append(key)
+            else:
+                self.decisions.reuse[key] = gen
+                self.replayed.add(key)
+        self.decisions.run = run
+
     def _tally(self, scores: Mapping[str, float] | None) -> None:
         """The running value of the task's first metric, for the progress line."""
         if not scores:
@@ -202,6 +221,7 @@ class TaskRun(Rollouts):
         self.ctx.progress.metric(self.name, f"{name}={self.running[1] / self.running[2]:.3f}")
 
     def rescore_reused(self) -> list[RolloutKey]:
+        self._replay_now()
         if self.grading is not None and not self.ctx.settings.reuse_scores:
             self._grade(list(self.decisions.reuse.items()))
         done = [key for key in self.decisions.reuse if self._score_reused(key).ok]
