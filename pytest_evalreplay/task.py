@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 import os
 import sys
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -164,6 +164,7 @@ class EvalTask:
             raise EvalReplayError(f"task {name!r}: {exc}") from None
         self._by_id = {inst["id"]: inst for inst in self.instances}
         self._digests: dict[tuple[int, str], str] | None = None
+        self._rendered: dict[str, Context] = {}  # prompts rendered for the digests, until their request
 
     def _setup_agent(self, agent: Callable[..., Any] | None, limits: dict[str, int | None]) -> None:
         """An agent task runs `agent(instance, llm)` per rollout instead of one prompt."""
@@ -257,17 +258,32 @@ class EvalTask:
     def request_digests(self) -> dict[tuple[int, str], str]:
         """Each instance's request, rendered now, as the digest reuse compares.
         Rendered once per session at collection, so a template typo is one
-        collection error naming the task, the instance and the field."""
+        collection error naming the task, the instance and the field; each
+        prompt is kept for its instance's first `request` (generation renders
+        nothing again) until `keep_rendered` drops those with nothing to run."""
         if self._digests is None:
-            digests = {(1, inst["id"]): request_digest(self.request(inst)) for inst in self.instances}
+            digests: dict[tuple[int, str], str] = {}
+            rendered: dict[str, Context] = {}
+            for inst in self.instances:
+                request = self.request(inst)
+                digests[(1, inst["id"])] = request_digest(request)
+                rendered[inst["id"]] = request.context
             if self.choices is not None:
                 for inst in self.instances:
                     self.gold(inst)
-            self._digests = digests
+            self._digests, self._rendered = digests, rendered
         return self._digests
 
+    def keep_rendered(self, instance_ids: Collection[str]) -> None:
+        """Keep the prompts rendered at collection only for these instances
+        (those a session will generate): a reused instance's prompt is not
+        held for the rest of the session."""
+        self._rendered = {iid: c for iid, c in self._rendered.items() if iid in instance_ids}
+
     def request(self, instance: Instance, stage: int = 1, rollouts: tuple[int, ...] = ()) -> Request:
-        context = self.render(instance)
+        context = self._rendered.pop(instance["id"], None)
+        if context is None:
+            context = self.render(instance)
         if self.choices is None:
             return Request(
                 task=self.name,

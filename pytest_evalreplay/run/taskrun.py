@@ -59,6 +59,7 @@ class TaskRun(Rollouts):
             # while it asks what it asked before, so an edited agent is seen.
             decisions.run = [key for key in selected if key not in decisions.failed]
             decisions.reuse.clear()
+        task.keep_rendered({iid for _, iid, _ in decisions.run})
         run = cls(ctx, task.name, task, plan, recorder, list(selected), decisions, gate=task.gate)
         if task.agent is not None:
             run.episodes  # noqa: B018  its turns journal is read now: a bad line is refused up front
