@@ -59,7 +59,7 @@ def test_a_collected_task_is_rescored_from_saved_predictions(pytester: pytest.Py
     result = pytester.runpytest(
         "--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"
     )
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(deselected=4)
     result.stdout.fnmatch_lines(["*qa: 4 instances, 4 items, 0 failed*exact_match=0.75*"])
     doc = metrics_doc(pytester.path / "out")
     assert doc["metrics"] == {"exact_match": 0.75}
@@ -68,7 +68,7 @@ def test_a_collected_task_is_rescored_from_saved_predictions(pytester: pytest.Py
     again = pytester.runpytest(
         "--evalreplay-predictions=out", "--evalreplay-output=again", "-p", "no:cacheprovider"
     )
-    again.assert_outcomes(passed=4)
+    again.assert_outcomes(deselected=4)
     assert metrics_doc(pytester.path / "again")["metrics"] == {"exact_match": 0.75}
 
 
@@ -80,7 +80,7 @@ def test_instances_missing_from_the_saved_run_fail_instead_of_scoring_zero(
     result = pytester.runpytest(
         "--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"
     )
-    result.assert_outcomes(passed=3, failed=1)
+    result.assert_outcomes(deselected=3, failed=1)
     result.stdout.fnmatch_lines(["*no saved generation matches this prompt (task qa, instance d)*"])
     doc = metrics_doc(pytester.path / "out")
     assert doc["metrics"] == {"exact_match": pytest.approx(2 / 3)}
@@ -228,7 +228,7 @@ def test_a_limit_style_replay_is_judged_by_the_failure_budget(pytester: pytest.P
     write_saved_run(pytester.path / "saved", {"a": "2", "b": "4", "c": "6"})
     args = ["--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"]
     result = pytester.runpytest(*args)
-    result.assert_outcomes(passed=3, failed=2)
+    result.assert_outcomes(deselected=3, failed=2)
     result.stdout.fnmatch_lines(
         [
             "*gate qa: FAIL exact_match=1.0000; min 0; 1/4 items failed (budget 0)*",
@@ -236,7 +236,7 @@ def test_a_limit_style_replay_is_judged_by_the_failure_budget(pytester: pytest.P
         ]
     )
     result = pytester.runpytest(*args, "--evalreplay-failure-budget=0.25")
-    result.assert_outcomes(passed=4, failed=1)
+    result.assert_outcomes(passed=1, deselected=3, failed=1)
     result.stdout.fnmatch_lines(["*gate qa: PASS exact_match=1.0000; min 0; 1/4 items failed (budget 0.25)*"])
 
 
