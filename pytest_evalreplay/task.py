@@ -55,6 +55,16 @@ def _caller() -> tuple[Path | None, int]:
     return (Path(file).resolve() if file else None), frame.f_lineno
 
 
+RENDERED_BUDGET = 64 * 2**20  # characters of collected prompts a task keeps for generation
+
+
+def _size(context: Context) -> int:
+    """About how many characters a prompt holds (a chat's message contents)."""
+    if isinstance(context, str):
+        return len(context)
+    return sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else 256 for m in context)
+
+
 class EvalTask:
     """A named evaluation. Module-level instances in test modules are collected
     as one pytest item per (stage, instance, rollout)."""
@@ -260,14 +270,18 @@ class EvalTask:
         Rendered once per session at collection, so a template typo is one
         collection error naming the task, the instance and the field; each
         prompt is kept for its instance's first `request` (generation renders
-        nothing again) until `keep_rendered` drops those with nothing to run."""
+        nothing again) until `keep_rendered` drops those with nothing to run;
+        past `RENDERED_BUDGET` characters in all, the rest are not kept."""
         if self._digests is None:
             digests: dict[tuple[int, str], str] = {}
             rendered: dict[str, Context] = {}
+            held = 0  # characters of the prompts kept
             for inst in self.instances:
                 request = self.request(inst)
                 digests[(1, inst["id"])] = request_digest(request)
-                rendered[inst["id"]] = request.context
+                held += _size(request.context)
+                if held <= RENDERED_BUDGET:  # past it, generation renders the rest again
+                    rendered[inst["id"]] = request.context
             if self.choices is not None:
                 for inst in self.instances:
                     self.gold(inst)
