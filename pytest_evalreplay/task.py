@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 import os
 import sys
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,16 @@ def _caller() -> tuple[Path | None, int]:
     frame = sys._getframe(2)
     file = frame.f_globals.get("__file__")
     return (Path(file).resolve() if file else None), frame.f_lineno
+
+
+RENDERED_BUDGET = 64 * 2**20  # characters of collected prompts a task keeps for generation
+
+
+def _size(context: Context) -> int:
+    """About how many characters a prompt holds (a chat's message contents)."""
+    if isinstance(context, str):
+        return len(context)
+    return sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else 256 for m in context)
 
 
 class EvalTask:
@@ -165,6 +175,7 @@ class EvalTask:
         self._by_id = {inst["id"]: inst for inst in self.instances}
         self._digests: dict[tuple[int, str], str] | None = None
         self._golds: dict[str, int] = {}  # a choices task's gold index per instance id
+        self._rendered: dict[str, Context] = {}  # prompts rendered for the digests, until their request
 
     def _setup_agent(self, agent: Callable[..., Any] | None, limits: dict[str, int | None]) -> None:
         """An agent task runs `agent(instance, llm)` per rollout instead of one prompt."""
@@ -258,16 +269,35 @@ class EvalTask:
     def request_digests(self) -> dict[tuple[int, str], str]:
         """Each instance's request, rendered now, as the digest reuse compares.
         Rendered once per session at collection, so a template typo is one
-        collection error naming the task, the instance and the field."""
+        collection error naming the task, the instance and the field; each
+        prompt is kept for its instance's first `request` (generation renders
+        nothing again) until `keep_rendered` drops those with nothing to run;
+        past `RENDERED_BUDGET` characters in all, the rest are not kept."""
         if self._digests is None:
-            digests = {(1, inst["id"]): request_digest(self.request(inst)) for inst in self.instances}
+            digests: dict[tuple[int, str], str] = {}
+            rendered: dict[str, Context] = {}
+            held = 0  # characters of the prompts kept
+            for inst in self.instances:
+                request = self.request(inst)
+                digests[(1, inst["id"])] = request_digest(request)
+                held += _size(request.context)
+                if held <= RENDERED_BUDGET:  # past it, generation renders the rest again
+                    rendered[inst["id"]] = request.context
             if self.choices is not None:
                 self._golds = {inst["id"]: self.gold(inst) for inst in self.instances}
-            self._digests = digests
+            self._digests, self._rendered = digests, rendered
         return self._digests
 
+    def keep_rendered(self, instance_ids: Collection[str]) -> None:
+        """Keep the prompts rendered at collection only for these instances
+        (those a session will generate): a reused instance's prompt is not
+        held for the rest of the session."""
+        self._rendered = {iid: c for iid, c in self._rendered.items() if iid in instance_ids}
+
     def request(self, instance: Instance, stage: int = 1, rollouts: tuple[int, ...] = ()) -> Request:
-        context = self.render(instance)
+        context = self._rendered.pop(instance["id"], None)
+        if context is None:
+            context = self.render(instance)
         if self.choices is None:
             return Request(
                 task=self.name,

@@ -57,7 +57,7 @@ def test_replaying_the_saved_run_gives_the_same_metrics(pytester, examples):
     result = pytester.runpytest(
         "--evalreplay-predictions=saved_run", "--evalreplay-output=replayed", "-p", "no:cacheprovider"
     )
-    result.assert_outcomes(passed=85)
+    result.assert_outcomes(passed=33, deselected=52)
     result.stdout.fnmatch_lines(["*arithmetic: 12 instances, 24 items, 0 failed*numeric_match=0.6667*"])
     for task in TASKS:
         assert metrics(examples / "replayed", task) == metrics(EXAMPLES / "saved_run", task)

@@ -128,7 +128,7 @@ def test_lm_eval_run_rescored_under_pytest(pytester: pytest.Pytester, path: Path
     result = pytester.runpytest(
         f"--evalreplay-predictions={path}", "--evalreplay-output=out", "-p", "no:cacheprovider"
     )
-    result.assert_outcomes(passed=16)
+    result.assert_outcomes(deselected=16)
     doc = orjson.loads((pytester.path / "out" / "tiny_mc-metrics.json").read_bytes())
     expected = lm_results()
     assert doc["metrics"]["acc"] == expected["acc,none"]
@@ -255,7 +255,7 @@ def test_inspect_log_rescored_under_pytest(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest(
         f"--evalreplay-predictions={INSPECT_DEFLATE}", "--evalreplay-output=out", "-p", "no:cacheprovider"
     )
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(deselected=6)
     doc = orjson.loads((pytester.path / "out" / "tiny_qa-metrics.json").read_bytes())
     assert doc["metrics"] == {"includes": 0.5}
     assert doc["model"] == "openai-api/stub/tiny"

@@ -115,7 +115,7 @@ def test_replay_serves_the_saved_verdicts_without_asking_the_judge(pytester, sui
     pytester.runpytest("--evalreplay-output=run").assert_outcomes(passed=4)
     monkeypatch.setenv("GRADER_RAISES", "1")
     result = pytester.runpytest("--evalreplay-output=again", "--evalreplay-predictions=run")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(deselected=4)
     assert scores(pytester, "again") == WANT
     # a changed rubric asks what was never saved: those rollouts fail, naming the miss, never a 0
     suite({"correct": "The answer says 4", "kind": "The answer says please"})

@@ -79,7 +79,7 @@ def test_a_choices_task_runs_replays_and_resumes(pytester: pytest.Pytester) -> N
     assert rows[0]["generations"][0]["loglikelihoods"] == [[-4.0, False], [-1.0, True], [-7.0, False]]
 
     replayed = run(pytester, "--evalreplay-predictions=run", "--evalreplay-output=again")
-    replayed.assert_outcomes(passed=4)
+    replayed.assert_outcomes(passed=1, deselected=3)
     assert metrics(pytester, "again") == got
     assert calls(pytester) == ["a b c"]  # replay asked the conftest provider nothing
 
@@ -116,7 +116,7 @@ def test_replaying_with_an_edited_choice_fails_that_instance_naming_the_differen
     run(pytester, "--evalreplay-provider=ll", "--evalreplay-output=run").assert_outcomes(passed=4)
     pytester.makepyfile(test_evals=EVALS.replace('"five"', '"5"'))
     result = run(pytester, "--evalreplay-predictions=run", "--evalreplay-output=again")
-    result.assert_outcomes(passed=2, failed=2)  # instance a, and the gate over the failure budget
+    result.assert_outcomes(deselected=2, failed=2)  # instance a, and the gate over the failure budget
     result.stdout.fnmatch_lines(
         ["*run/mc-predictions.jsonl:1 differs, continuation 2 is ' five' there and ' 5' here*"]
     )
@@ -142,7 +142,7 @@ def test_acc_flows_through_gates_baselines_and_compare(pytester: pytest.Pytester
         *base,
         "--evalreplay-compare=run",
     )
-    compared.assert_outcomes(passed=4)
+    compared.assert_outcomes(passed=1, deselected=3)
     text = compared.stdout.str()
     assert "acc" in text and "compare" in text.lower()
 

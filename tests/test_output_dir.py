@@ -62,7 +62,7 @@ def test_a_tagged_run_dir_replays_and_compares(project: pytest.Pytester) -> None
     result = project.runpytest(
         "--evalreplay-provider=replay", "--evalreplay-predictions=out", "--evalreplay-output=again"
     )
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(deselected=2)
 
 
 def test_prepare_output_dir_tags_only_what_it_creates(tmp_path: Path) -> None:

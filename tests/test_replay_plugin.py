@@ -59,7 +59,7 @@ def test_a_collected_task_is_rescored_from_saved_predictions(pytester: pytest.Py
     result = pytester.runpytest(
         "--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"
     )
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(deselected=4)
     result.stdout.fnmatch_lines(["*qa: 4 instances, 4 items, 0 failed*exact_match=0.75*"])
     doc = metrics_doc(pytester.path / "out")
     assert doc["metrics"] == {"exact_match": 0.75}
@@ -68,7 +68,7 @@ def test_a_collected_task_is_rescored_from_saved_predictions(pytester: pytest.Py
     again = pytester.runpytest(
         "--evalreplay-predictions=out", "--evalreplay-output=again", "-p", "no:cacheprovider"
     )
-    again.assert_outcomes(passed=4)
+    again.assert_outcomes(deselected=4)
     assert metrics_doc(pytester.path / "again")["metrics"] == {"exact_match": 0.75}
 
 
@@ -80,11 +80,93 @@ def test_instances_missing_from_the_saved_run_fail_instead_of_scoring_zero(
     result = pytester.runpytest(
         "--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"
     )
-    result.assert_outcomes(passed=3, failed=1)
+    result.assert_outcomes(deselected=3, failed=1)
     result.stdout.fnmatch_lines(["*no saved generation matches this prompt (task qa, instance d)*"])
     doc = metrics_doc(pytester.path / "out")
     assert doc["metrics"] == {"exact_match": pytest.approx(2 / 3)}
     assert doc["num_failed"] == 1
+
+
+def test_a_replay_is_handled_like_a_resume_what_the_saved_run_answers_is_deselected(
+    pytester: pytest.Pytester,
+) -> None:
+    # The saved run answers a, b and c at collection: rescored and deselected
+    # as --resume's reused items are; d, which it cannot answer, runs and fails.
+    pytester.makepyfile(test_evals=EVALS)
+    write_saved_run(pytester.path / "saved", {"a": "2", "b": "4", "c": "7"})
+    args = ["--evalreplay-predictions=saved", "-p", "no:cacheprovider"]
+    result = pytester.runpytest(*args, "--evalreplay-output=out")
+    result.assert_outcomes(failed=1, deselected=3)
+    result.stdout.fnmatch_lines(
+        [
+            "evalreplay: 1 task, 1 to run, 3 replayed from the saved run (deselected)",
+            "qa: 4 instances, 4 items, 1 failed | 3 replayed, 0 reused | exact_match=0.6667 *"
+            "| tokens: 27 prompt + 12 completion replayed",
+        ]
+    )
+    doc = metrics_doc(pytester.path / "out")
+    assert (doc["num_failed"], doc["session"]["generated"], doc["session"]["replayed"]) == (1, 3, True)
+    # --evalreplay-report-reused reports them skipped instead, as under --resume
+    shown = pytester.runpytest(*args, "--evalreplay-output=shown", "--evalreplay-report-reused")
+    shown.assert_outcomes(failed=1, skipped=3)
+    shown.stdout.fnmatch_lines(
+        ["evalreplay: 1 task, 1 to run, 3 replayed from the saved run (reported skipped)"]
+    )
+    assert metrics_doc(pytester.path / "shown")["metrics"] == doc["metrics"]
+
+
+COUNTING = """
+import collections
+from pathlib import Path
+
+import orjson
+
+from pytest_evalreplay.journal import index
+
+decoded = collections.Counter()
+_generation = index.JournalIndex.generation
+
+
+def counting(self, ref):
+    decoded[ref.offset] += 1
+    return _generation(self, ref)
+
+
+index.JournalIndex.generation = counting
+
+
+def pytest_unconfigure(config):
+    index.JournalIndex.generation = _generation
+    Path("decoded.json").write_bytes(orjson.dumps(sorted(decoded.values())))
+"""
+
+
+def test_a_replay_renders_each_prompt_once_and_decodes_each_row_twice_at_most(
+    pytester: pytest.Pytester,
+) -> None:
+    # A prompt is rendered at collection for its digest, and that rendering is
+    # what is sent; a journal row is decoded to score it and to write the run
+    # dir (its saved sampling is noted from that same decode), never more.
+    pytester.makeconftest(COUNTING)
+    pytester.makepyfile(
+        test_evals=EVALS.replace('prompt="What is {q}?"', "prompt=prompt").replace(
+            "from pytest_evalreplay import EvalTask",
+            "from pathlib import Path\n\nfrom pytest_evalreplay import EvalTask\n\n\n"
+            "def prompt(instance):\n"
+            "    with Path('renders.log').open('a') as f:\n"
+            "        f.write(instance['id'] + '\\n')\n"
+            "    return f\"What is {instance['q']}?\"\n",
+        )
+    )
+    write_saved_run(pytester.path / "saved", {"a": "2", "b": "4", "c": "7", "d": "8"})
+    # In a child process: the counting conftest patches the journal index class,
+    # which an in-process run may hold a second copy of.
+    result = pytester.runpytest_subprocess(
+        "--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"
+    )
+    assert result.ret == 0
+    assert sorted((pytester.path / "renders.log").read_text().split()) == ["a", "b", "c", "d"]
+    assert orjson.loads((pytester.path / "decoded.json").read_bytes()) == [2, 2, 2, 2]
 
 
 def test_an_unreadable_saved_run_is_a_usage_error_naming_files(pytester: pytest.Pytester) -> None:
@@ -146,7 +228,7 @@ def test_a_limit_style_replay_is_judged_by_the_failure_budget(pytester: pytest.P
     write_saved_run(pytester.path / "saved", {"a": "2", "b": "4", "c": "6"})
     args = ["--evalreplay-predictions=saved", "--evalreplay-output=out", "-p", "no:cacheprovider"]
     result = pytester.runpytest(*args)
-    result.assert_outcomes(passed=3, failed=2)
+    result.assert_outcomes(deselected=3, failed=2)
     result.stdout.fnmatch_lines(
         [
             "*gate qa: FAIL exact_match=1.0000; min 0; 1/4 items failed (budget 0)*",
@@ -154,7 +236,7 @@ def test_a_limit_style_replay_is_judged_by_the_failure_budget(pytester: pytest.P
         ]
     )
     result = pytester.runpytest(*args, "--evalreplay-failure-budget=0.25")
-    result.assert_outcomes(passed=4, failed=1)
+    result.assert_outcomes(passed=1, deselected=3, failed=1)
     result.stdout.fnmatch_lines(["*gate qa: PASS exact_match=1.0000; min 0; 1/4 items failed (budget 0.25)*"])
 
 

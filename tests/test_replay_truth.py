@@ -123,7 +123,7 @@ def test_a_replay_after_a_change_of_sampling_records_the_saved_sampling(pytester
     result = pytester.runpytest(
         "--evalreplay-predictions=run", "--evalreplay-output=again", "-p", "no:cacheprovider"
     )
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(deselected=2)
     again = pytester.path / "again"
     assert [r["sampling"] for r in rows(again / "qa-requests.jsonl")] == [SAVED, SAVED]
     # The predictions are the saved ones, byte for byte: the saved sampling is in the requests rows.

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from pytest_evalreplay import EvalReplayError, EvalTask, Generation, GenerationError, scorers
+from pytest_evalreplay import task as task_module
 from pytest_evalreplay.fingerprint import callable_identity
 
 
@@ -209,3 +210,26 @@ def test_num_samples_over_the_limit_is_refused_naming_the_limit() -> None:
     EvalTask("t", [{"id": "a"}], prompt="Q", scorer="exact_match", num_samples=MAX_NUM_SAMPLES)
     with pytest.raises(EvalReplayError, match=r"task 't': num_samples=1000000000 is over the limit of 10000"):
         EvalTask("t", [{"id": "a"}], prompt="Q", scorer="exact_match", num_samples=10**9)
+
+
+def test_a_prompt_is_rendered_once_and_kept_within_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    renders: list[str] = []
+
+    def prompt(instance: dict) -> str:
+        renders.append(instance["id"])
+        return "x" * 10
+
+    def run() -> list[str]:
+        renders.clear()
+        t = EvalTask(
+            "t", [{"id": "a"}, {"id": "b"}, {"id": "c"}], prompt=prompt, scorer=lambda text, inst: 1.0
+        )
+        t.request_digests()
+        t.keep_rendered({"a", "b", "c"})
+        requests = [t.request(inst) for inst in t.instances]
+        assert [r.context for r in requests] == ["x" * 10] * 3
+        return renders
+
+    assert run() == ["a", "b", "c"]  # the collection's rendering is the one sent
+    monkeypatch.setattr(task_module, "RENDERED_BUDGET", 25)  # two prompts' worth kept; c rendered again
+    assert run() == ["a", "b", "c", "c"]

@@ -111,6 +111,7 @@ class LmEvalMixin:
         self.agent = None
         self.max_turns = self.max_tokens_per_episode = None
         self._digests: dict[tuple[int, str], str] | None = None
+        self._rendered: dict[str, Context] = {}  # EvalTask's; lm-eval keeps each document's context itself
 
     # -- loading, on first use -------------------------------------------------
 

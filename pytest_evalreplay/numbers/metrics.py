@@ -62,6 +62,7 @@ class TaskOutcome:
     tokens_reused: Tokens = field(default_factory=Tokens)
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. an EloEval's "elo" block
     sample_metrics: tuple[str, ...] = ()  # names of the pass@k / maj@k in instance_scores
+    replayed: bool = False  # this run's answers came from a saved run (--evalreplay-predictions)
 
     @property
     def num_items(self) -> int:
@@ -112,6 +113,7 @@ class TaskOutcome:
                 "run": run,
                 "generated": self.generated,
                 "reused": self.reused,
+                **({"replayed": True} if self.replayed else {}),
                 "tokens": {
                     "generated": self.tokens_generated.to_doc(),
                     "reused": self.tokens_reused.to_doc(),

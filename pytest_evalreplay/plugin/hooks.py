@@ -288,6 +288,7 @@ class EvalReplayPlugin:
             no_generate=self.settings.no_generate,
             collect_only=bool(config.option.collectonly),
             serial=not hasattr(config, "workerinput"),
+            replay=self.settings.provider == "replay",
         )
         shard = self.settings.shard
         if shard is not None:  # every shard collects every item; the others' are deselected
@@ -344,6 +345,7 @@ class EvalReplayPlugin:
         runs = self.session.runs.values()
         run = sum(len(r.decisions.run) for r in runs)
         reused = sum(len(r.decisions.reuse) for r in runs)
+        replayed = sum(len(r.replayed) for r in runs)
         failed = sum(len(r.decisions.failed) for r in runs)
         parts = [plural(len(self.session.runs), "task"), f"{run:,} to run"]
         if reused:
@@ -354,7 +356,10 @@ class EvalReplayPlugin:
                 how = "reported skipped"
             else:  # an EloEval's reused items beside a task's
                 how = f"{gone:,} deselected, {reused - gone:,} reported skipped"
-            parts.append(f"{reused:,} reused from the journal ({how})")
+            if reused > replayed:
+                parts.append(f"{reused - replayed:,} reused from the journal ({how})")
+            if replayed:
+                parts.append(f"{replayed:,} replayed from the saved run ({how})")
         if failed:
             parts.append(f"{failed:,} failed for good before")
         status = [*self._shard_lines, *self.session.status()]

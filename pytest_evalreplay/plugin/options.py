@@ -170,7 +170,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "report-reused",
         "bool",
-        "with --resume, report reused items as skipped (with their scores, in "
+        "with --resume (or a replay), report reused items as skipped (with their scores, in "
         "the terminal and JUnit XML) instead of deselecting them; costs pytest's per-item overhead",
     ),
     Option(

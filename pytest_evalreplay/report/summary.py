@@ -55,12 +55,14 @@ def _metric_text(doc: Mapping[str, Any]) -> str:
 
 
 def _tokens_text(doc: Mapping[str, Any]) -> str | None:
-    tokens = (doc.get("session") or {}).get("tokens") or {}
+    session = doc.get("session") or {}
+    tokens = session.get("tokens") or {}
     parts = []
     for kind in ("generated", "reused"):
         t = tokens.get(kind) or {}
         if t.get("prompt") or t.get("completion"):
-            parts.append(f"{t.get('prompt', 0):,} prompt + {t.get('completion', 0):,} completion {kind}")
+            shown = "replayed" if kind == "generated" and session.get("replayed") else kind
+            parts.append(f"{t.get('prompt', 0):,} prompt + {t.get('completion', 0):,} completion {shown}")
     return "tokens: " + "; ".join(parts) if parts else None
 
 
@@ -71,7 +73,8 @@ def task_line(doc: Mapping[str, Any], extra: Mapping[str, int] | None = None) ->
     if missing:
         counts.append(f"{missing:,} missing")
     session = doc.get("session") or {}
-    done = [f"{session.get('generated', 0):,} generated", f"{session.get('reused', 0):,} reused"]
+    made = "replayed" if session.get("replayed") else "generated"  # from a saved run, or by the model
+    done = [f"{session.get('generated', 0):,} {made}", f"{session.get('reused', 0):,} reused"]
     extra = extra or {}
     if extra.get("changed_request"):
         done.append(f"{extra['changed_request']:,} regenerated (request changed)")

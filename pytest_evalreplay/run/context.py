@@ -173,6 +173,7 @@ class Run(Protocol):
     decisions: Decisions
     selected: list[RolloutKey]
     waiting: list[RolloutKey]  # a shard's items of ELO stages that wait for every shard's stage before
+    replayed: set[RolloutKey]  # reused keys a replay's saved run answered at collection
     touched: bool
     gate: Any
     recorder: TaskRecorder
@@ -186,8 +187,9 @@ class Run(Protocol):
         ...
 
     def rescore_reused(self) -> list[RolloutKey]:
-        """Before items run (serial --resume): rescore what is reused; return
-        the keys whose result is complete without running (to deselect)."""
+        """Before items run (serial --resume, or a serial replay once the saved
+        run answered): rescore what is reused; return the keys whose result is
+        complete without running (to deselect)."""
         ...
 
     def result(self, key: RolloutKey) -> RolloutResult: ...

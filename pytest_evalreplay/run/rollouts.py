@@ -72,6 +72,7 @@ class Rollouts(ABC):
     unfinished: str | None = None  # a plain run's note that --resume would reuse results
     waiting: list[RolloutKey] = field(default_factory=list)  # a shard's items that wait for a merge
     outcome: TaskOutcome | None = None
+    replayed: set[RolloutKey] = field(default_factory=set)  # reused keys the saved run answered now
     _episodes: EpisodeRunner | None = None
 
     @property
@@ -254,6 +255,8 @@ class Rollouts(ABC):
         with recorder.locked():
             recorder.refresh()
             outcome = self.outcome_now()
+            if self.ctx.settings.provider == "replay":  # what this run wrote came from the saved run
+                outcome = self.outcome = dataclasses.replace(outcome, replayed=True)
             rundir.write_task(
                 recorder.directory,
                 outcome,

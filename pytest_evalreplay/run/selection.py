@@ -10,7 +10,8 @@ or a lock, so each rule is tested directly (tests/test_selection.py):
 - a shard (--evalreplay-shard) keeps its own rollouts; the other shards'
   and every gate (judged on the whole task, after the merge) are deselected;
 - serial --resume deselects the reused items it rescored at collection
-  (unless --evalreplay-report-reused);
+  (unless --evalreplay-report-reused), and so does a serial replay
+  (--evalreplay-predictions) for the items the saved run answered;
 - --evalreplay-no-generate deselects what needs generating, and the gate of
   each task it leaves incomplete;
 - a shard's ELO stages that wait for the merge are deselected;
@@ -51,11 +52,13 @@ class Options:
     no_generate: bool = False
     collect_only: bool = False
     serial: bool = True  # not an xdist worker
+    replay: bool = False  # --evalreplay-predictions: the saved run answers at collection
 
     @property
     def rescores_reused(self) -> bool:
-        """Serial --resume rescores the reused rollouts at collection."""
-        return self.serial and self.resume and not self.collect_only
+        """Serial --resume rescores the reused rollouts at collection; so does a
+        serial replay, once the saved run has answered what is to run."""
+        return self.serial and (self.resume or self.replay) and not self.collect_only
 
     @property
     def deselects_reused(self) -> bool:

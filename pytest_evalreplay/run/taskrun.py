@@ -60,6 +60,7 @@ class TaskRun(Rollouts):
             # while it asks what it asked before, so an edited agent is seen.
             decisions.run = [key for key in selected if key not in decisions.failed]
             decisions.reuse.clear()
+        task.keep_rendered({iid for _, iid, _ in decisions.run})
         run = cls(ctx, task.name, task, plan, recorder, list(selected), decisions, gate=task.gate)
         if task.agent is not None:
             run.episodes  # noqa: B018  its turns journal is read now: a bad line is refused up front
@@ -192,6 +193,25 @@ class TaskRun(Rollouts):
             return self._saved_result(key, gen, saved)
         return self._score(key, index.generation(gen), gen.run)
 
+    def _replay_now(self) -> None:
+        """Under replay, answer every rollout to run from the saved run at
+        once (its chunks, through the one loop into the journal) and handle
+        what it answered as --resume handles what the journal holds: reused,
+        rescored, deselected. What it could not answer (no saved prompt, a
+        sample count that differs) stays to run, to report its failure."""
+        if self.ctx.settings.provider != "replay" or self.task.agent is not None:
+            return
+        self.ensure_generated(self.decisions.run)
+        run: list[RolloutKey] = []
+        for key in self.decisions.run:
+            gen = self.own_gen(key)
+            if gen is None:
+                run.append(key)
+            else:
+                self.decisions.reuse[key] = gen
+                self.replayed.add(key)
+        self.decisions.run = run
+
     def _tally(self, scores: Mapping[str, float] | None) -> None:
         """The running value of the task's first metric, for the progress line."""
         if not scores:
@@ -203,6 +223,7 @@ class TaskRun(Rollouts):
         self.ctx.progress.metric(self.name, f"{name}={self.running[1] / self.running[2]:.3f}")
 
     def rescore_reused(self) -> list[RolloutKey]:
+        self._replay_now()
         if self.grading is not None and not self.ctx.settings.reuse_scores:
             self._grade(list(self.decisions.reuse.items()))
         done = [key for key in self.decisions.reuse if self._score_reused(key).ok]

@@ -103,13 +103,18 @@ def write_task(
         for _, gen in groups[key]:
             check_named_rows(index, gen)
 
-    def sampling_made_with(gens: list[GenRef]) -> dict[str, Any] | None:
-        """The sampling a replayed instance's generations were made with, when
-        the replay provider said it differs from the one asked (and they agree)."""
+    # The sampling a replayed instance's generations were made with, when the
+    # replay provider said it differs from the one asked (and they agree):
+    # noted while the predictions are written, so each row is decoded once.
+    made_with: dict[RequestKey, dict[str, Any]] = {}
+
+    def note_sampling(key: RequestKey, gens: list[GenRef], generations: list[Generation]) -> None:
         if index.providers[gens[0].provider].get("kind") != "replay":
-            return None  # only replay serves what another sampling made: no read needed
-        found = {orjson.dumps(index.generation(gen).metadata.get(SAVED_SAMPLING)) for gen in gens}
-        return orjson.loads(found.pop()) if len(found) == 1 else None
+            return  # only replay serves what another sampling made
+        found = {orjson.dumps(g.metadata.get(SAVED_SAMPLING)) for g in generations}
+        saved = orjson.loads(found.pop()) if len(found) == 1 else None
+        if saved is not None:
+            made_with[key] = saved
 
     # Rows are streamed from the journal into the files, a line at a time, so
     # a large task's texts are never all in memory at once.
@@ -117,7 +122,7 @@ def write_task(
         for stage, iid in keys:
             gens = [gen for _, gen in groups[(stage, iid)]]
             content: dict[str, Any] = dict(index.request(gens[0].request) or {})
-            if (saved := sampling_made_with(gens)) is not None:
+            if (saved := made_with.get((stage, iid))) is not None:
                 content["sampling"] = saved
             yield request_row(iid, stage, content, num_samples)
 
@@ -125,6 +130,7 @@ def write_task(
         for stage, iid in keys:
             pairs = groups[(stage, iid)]
             generations = [index.generation(gen) for _, gen in pairs]
+            note_sampling((stage, iid), [gen for _, gen in pairs], generations)
             if postprocess is not None:
                 generations = [postprocess(g) for g in generations]
             generations = [without_saved_sampling(g) for g in generations]
@@ -146,8 +152,8 @@ def write_task(
 
     files = task_files(directory, outcome.task)
     remove_stale_temporaries(directory, [*files.values(), directory / f"{outcome.task}{TRANSCRIPTS_SUFFIX}"])
+    atomic_write(files["predictions"], _jsonl(predictions()))  # first: the requests rows take its sampling
     atomic_write(files["requests"], _jsonl(requests()))
-    atomic_write(files["predictions"], _jsonl(predictions()))
     if metrics:
         atomic_write(files["metrics"], orjson.dumps(outcome.to_doc(run), option=orjson.OPT_INDENT_2))
 
