@@ -5,7 +5,8 @@ installed versus with it disabled (`-p no:evalreplay`), side by side.
 
 Goal: the plugin's run within 1.05x of the run without it. Reported as the
 median ratio of CPU time (user + system of the pytest process, which the
-load of a shared machine disturbs less than wall time), and of wall time.
+load of a shared machine disturbs less than wall time), and of wall time;
+also its RESULT line (benchmarks/results.py). Exits 1 when the goal is missed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results import report
+
+GOAL = 1.05
 
 
 def run_once(project: Path, disabled: bool) -> tuple[float, float]:
@@ -36,10 +43,10 @@ def run_once(project: Path, disabled: bool) -> tuple[float, float]:
     return cpu, wall
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp)
         (project / "test_one.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
@@ -63,8 +70,19 @@ def main() -> None:
         f"  wall time: plugin {wall_with:.3f} s, -p no:evalreplay {wall_without:.3f} s"
         f" -> {wall_with / wall_without:.3f}x"
     )
-    print("  goal: <= 1.05x")
+    ok = cpu_with / cpu_without <= GOAL
+    print(f"  goal: CPU <= {GOAL}x -> {'met' if ok else 'MISSED'}")
+    report(
+        "startup",
+        f"{cpu_without:.3f} s",
+        f"{cpu_with:.3f} s",
+        f"{cpu_with / cpu_without:.3f}x",
+        f"{GOAL}x",
+        ok,
+        wall=f"{wall_with / wall_without:.3f}x",
+    )
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
