@@ -5,14 +5,16 @@ installed versus with it disabled (`-p no:evalreplay`), side by side.
 
 Goal: the plugin's run within 1.05x of the run without it. Reported as the
 median ratio of CPU time (user + system of the pytest process, which the
-load of a shared machine disturbs less than wall time), and of wall time;
+load of a shared machine disturbs less than wall time), and of wall time.
+Children get scale_harness's environment: a private bytecode cache, so
+neither side compiles its modules on every run (as in a normal install, even
+where PYTHONDONTWRITEBYTECODE is set);
 also its RESULT line (benchmarks/results.py). Exits 1 when the goal is missed.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
 import subprocess
@@ -24,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import report
+from scale_harness import child_env
 
 GOAL = 1.05
 
@@ -34,7 +37,7 @@ def run_once(project: Path, disabled: bool) -> tuple[float, float]:
         cmd += ["-p", "no:evalreplay"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    result = subprocess.run(cmd, cwd=project, capture_output=True, text=True, env={**os.environ})
+    result = subprocess.run(cmd, cwd=project, capture_output=True, text=True, env=child_env())
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
