@@ -31,6 +31,11 @@ row unless said; run a script alone with more --runs for steadier medians):
 - merge, replay, multiple choice over a server: as their scripts' options
   run them (the helpers that add those sides choose their sizes).
 
+Those sides come from other branches, expected as (script, option: RESULT
+row key): resume_speed.py --replay: replay-20k; shards.py --merge-vs-read:
+merge-3-shards; mc_server_prompts.py: mc-openai-prompts; loss_bound.py
+--quick: kill-reasked. Where a side took another name, change STEPS.
+
 Time shares: each script is guaranteed its budget_s seconds (less the
 grace a stopped one has to clean up); time one leaves unused goes to those
 after it. Not run here (they measure other things and
