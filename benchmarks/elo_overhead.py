@@ -25,6 +25,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from results import report
 from scale_harness import BARE, CONFTEST, Compared, Measure, expect_in, run_pytest, verdict
 
 GOAL = 1.3
@@ -165,6 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     print(result.line("maxrss_mib", "peak RSS", "MiB", "elo", "bare"))
     ok = result.ratio("cpu") <= GOAL
     print(f"  goal: CPU <= {GOAL}x -> {verdict(ok)}")
+    report(
+        "elo",
+        f"{result.median('b', 'cpu'):.2f} s",
+        f"{result.median('a', 'cpu'):.2f} s",
+        f"{result.ratio('cpu'):.2f}x",
+        f"{GOAL}x",
+        ok,
+        items=items,
+        judgments=REFERENCES * items,
+    )
     return 0 if ok else 1
 
 

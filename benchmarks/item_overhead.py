@@ -5,11 +5,20 @@ parametrized no-op tests (`-p no:evalreplay`), side by side, in child processes.
     python benchmarks/item_overhead.py            # 20,000 and 100,000 items, 1 pair each
     python benchmarks/item_overhead.py --quick    # 2,000 and 10,000 items, 1 pair each
     python benchmarks/item_overhead.py --items 20000 --runs 3   # steadier medians
+    python benchmarks/item_overhead.py --slope 10000,40000,70000  # is the cost per item flat?
+    python benchmarks/item_overhead.py --choices 4 --items 10000  # multiple choice
 
 Reported per size: the median CPU time (user + system of the pytest process),
 wall time and peak RSS (ru_maxrss) of each side and their ratios, and the
-plugin's marginal CPU per item. Goals (issue #22): peak RSS within 1.25x of
-bare pytest's and CPU within 1.10x, at 20,000 and 100,000 items.
+plugin's marginal CPU per item. Goals (issues #22, #34): peak RSS within 1.25x
+of bare pytest's and CPU within 1.10x, at every size.
+
+--slope A,B,C also measures those sizes and compares the plugin's CPU per item
+over bare pytest's from A to B with that from B to C (goal: flat, the second
+within 1.2x of the first, or within 10 us of it, below what one pair resolves).
+--choices K makes the task multiple choice (K choices per question, scored by
+an instant log-likelihood provider, acc and acc_norm) against the same N
+no-op tests. Each row also prints a RESULT line (benchmarks/results.py).
 """
 
 from __future__ import annotations
@@ -22,8 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from results import report
 from scale_harness import (
     BARE,
+    CONFTEST,
     Compared,
     Measure,
     bare_project,
@@ -37,10 +48,55 @@ from scale_harness import (
 
 RSS_GOAL = 1.25
 CPU_GOAL = 1.10
+SLOPE_GOAL = 1.2  # the later slope over the earlier one
+SLOPE_NOISE_US = 10.0  # a difference of slopes one pair per size does not resolve
+
+_LOGLIKELIHOOD = """
+
+class Choices(Instant):
+    \"\"\"Scores every continuation at once: the shorter, the likelier.\"\"\"
+
+    def loglikelihood(self, requests):
+        return [[(-float(len(c)), i == 0) for i, c in enumerate(r.continuations)] for r in requests]
 
 
-def compare(tmp: Path, items: int, runs: int) -> Compared:
-    project = eval_project(tmp / f"eval-{items}", items)
+def pytest_evalreplay_make_provider(config, kind):
+    return Choices() if kind == "instant" else None
+"""
+
+_MC = """
+from pytest_evalreplay import EvalTask, scorers
+
+CHOICES = [f"answer {{c}}" for c in range({choices})]
+mc = EvalTask(
+    "mc",
+    [{{"id": f"q{{i}}", "q": f"Question {{i}}?", "gold": i % {choices}}} for i in range({items})],
+    prompt="{{q}}",
+    choices=lambda instance: CHOICES,
+    target="gold",
+    scorer=scorers.multiple_choice(),
+)
+"""
+
+
+def mc_project(root: Path, items: int, choices: int) -> Path:
+    """One multiple-choice task of `items` questions, `choices` choices each."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "conftest.py").write_text(CONFTEST + _LOGLIKELIHOOD)
+    (root / "test_evals.py").write_text(_MC.format(items=items, choices=choices))
+    return root
+
+
+def label(items: int) -> str:
+    """2000 -> "2k": the size as the issue's rows name it."""
+    return f"{items / 1000:g}k" if items >= 1000 else str(items)
+
+
+def compare(tmp: Path, items: int, runs: int, choices: int = 0) -> Compared:
+    if choices:
+        project = mc_project(tmp / f"mc-{items}", items, choices)
+    else:
+        project = eval_project(tmp / f"eval-{items}", items)
     bare = bare_project(tmp / f"bare-{items}", items)
     out = tmp / f"out-{items}"
     plugin: list[Measure] = []
@@ -61,17 +117,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2,000 and 10,000 items")
     parser.add_argument("--items", type=lambda s: [int(x) for x in s.split(",")], default=None)
     parser.add_argument("--runs", type=int, default=1, help="pairs per size")
+    parser.add_argument(
+        "--slope",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=None,
+        help="A,B,C: compare the CPU per item over bare from A to B with B to C",
+    )
+    parser.add_argument("--choices", type=int, default=0, help="multiple choice, K choices per question")
     args = parser.parse_args(argv)
+    if args.slope is not None and (len(args.slope) != 3 or not args.slope[0] < args.slope[1] < args.slope[2]):
+        parser.error("--slope takes three increasing sizes, e.g. 10000,40000,70000")
     sizes = args.items or ([2_000, 10_000] if args.quick else [20_000, 100_000])
+    sizes = sorted({*sizes, *(args.slope or [])})
+    kind = f"multiple choice ({args.choices} choices)" if args.choices else "eval"
+    prefix = "mc" if args.choices else "items"
     started = time.perf_counter()
     missed = False
+    over: dict[int, float] = {}  # the plugin's CPU over bare's, by size
     with tempfile.TemporaryDirectory(prefix="evalreplay-bench-") as name:
         tmp = Path(name)
         warm_up(tmp)
         for items in sizes:
-            c = compare(tmp, items, args.runs)
+            c = compare(tmp, items, args.runs, args.choices)
+            over[items] = c.median("a", "cpu") - c.median("b", "cpu")
             print(
-                f"{items:,} items, median of {args.runs} run(s) each: plugin vs bare pytest -p no:evalreplay"
+                f"{items:,} {kind} items, median of {args.runs} run(s) each: "
+                "plugin vs bare pytest -p no:evalreplay"
             )
             print(c.line("cpu", "CPU time", "s", "plugin", "bare"))
             print(c.line("wall", "wall time", "s", "plugin", "bare"))
@@ -84,9 +155,42 @@ def main(argv: list[str] | None = None) -> int:
             missed |= not (ok and fast)
             print(f"  goal     : peak RSS <= {RSS_GOAL}x bare -> {verdict(ok)}")
             print(f"  goal     : CPU <= {CPU_GOAL}x bare -> {verdict(fast)}")
-            sys.stdout.flush()
+            report(
+                f"{prefix}-{label(items)}",
+                f"{c.median('b', 'cpu'):.2f} s / {c.median('b', 'maxrss_mib'):.0f} MiB",
+                f"{c.median('a', 'cpu'):.2f} s / {c.median('a', 'maxrss_mib'):.0f} MiB",
+                f"{c.ratio('cpu'):.2f}x / {c.ratio('maxrss_mib'):.2f}x",
+                f"{CPU_GOAL}x / {RSS_GOAL}x",
+                ok and fast,
+            )
+    if args.slope:
+        missed |= not slope_row(prefix, args.slope, over)
     print(f"benchmark took {time.perf_counter() - started:.0f} s")
     return 1 if missed else 0
+
+
+def slope_row(prefix: str, sizes: list[int], over: dict[int, float]) -> bool:
+    """Print the plugin's CPU per item over bare pytest's from A to B and from
+    B to C, and its RESULT line; whether it is flat."""
+    a, b, c = sizes
+    first = (over[b] - over[a]) / (b - a) * 1e6
+    second = (over[c] - over[b]) / (c - b) * 1e6
+    flat = second <= SLOPE_GOAL * first or second - first <= SLOPE_NOISE_US
+    ratio = f"{second / first:.2f}x" if first > 0 else "n/a"
+    span = f"{label(a)}->{label(b)} vs {label(b)}->{label(c)}"
+    print(f"CPU per item over bare, {span}: {first:.0f} us vs {second:.0f} us ({ratio})")
+    print(
+        f"  goal     : flat (within {SLOPE_GOAL}x or {SLOPE_NOISE_US:g} us of each other) -> {verdict(flat)}"
+    )
+    report(
+        f"{prefix}-slope",
+        f"{first:.0f} us ({label(a)}->{label(b)})",
+        f"{second:.0f} us ({label(b)}->{label(c)})",
+        ratio,
+        f"flat: <= {SLOPE_GOAL}x or +{SLOPE_NOISE_US:g} us",
+        flat,
+    )
+    return flat
 
 
 if __name__ == "__main__":

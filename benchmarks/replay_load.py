@@ -10,7 +10,8 @@ interleaved so that both see the same machine:
 and, in fresh subprocesses, the peak memory (VmHWM growth) of each against
 the files' total size. Goals (issue #22): load >= 0.90x the speed of the
 bare parse, peak memory <= 1.3x the files' size; the exit status is 1 when
-either is missed. Both ratios are printed, and a JSON line.
+either is missed. Both ratios are printed, a JSON line and a RESULT line
+(benchmarks/results.py).
 
     python benchmarks/replay_load.py              # 1,000,000 rows
     python benchmarks/replay_load.py --rows 1000  # a quick check
@@ -195,5 +196,23 @@ def met(result: dict[str, float]) -> bool:
     return result["speed_vs_bare"] >= SPEED_GOAL and result.get("load_peak_vs_files", 0.0) <= MEMORY_GOAL
 
 
+def report_row(result: dict[str, float]) -> None:
+    """The RESULT line of the issue's row (benchmarks/results.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from results import report
+
+    memory = f"; memory {result['load_peak_vs_files']:.2f}x" if "load_peak_vs_files" in result else ""
+    report(
+        "replay-load",
+        f"{result['bare_parse_s']:.2f} s ({result['rows']:,} rows)",
+        f"{result['load_s']:.2f} s",
+        f"{result['speed_vs_bare']:.2f}x{memory}",
+        f">= {SPEED_GOAL}x; memory <= {MEMORY_GOAL}x",
+        met(result),
+    )
+
+
 if __name__ == "__main__":
-    sys.exit(0 if met(main()) else 1)
+    outcome = main()
+    report_row(outcome)
+    sys.exit(0 if met(outcome) else 1)

@@ -270,3 +270,25 @@ def test_the_elo_gate_pairs_with_a_baseline_over_shared_tasks(pytester):
     result = project.run("--evalreplay-baseline=base.json", "--evalreplay-model=bad")
     assert result.returncode == 1
     assert "gate memo: FAIL" in result.stdout and "dropped" in result.stdout
+
+
+def test_each_reference_answer_is_read_once_a_session(pytester, monkeypatch):
+    """#34: the answers read to check the references at collection serve the
+    judging too (each saved row decoded once, not again per stage)."""
+    import importlib
+
+    from elo_project import POOL, REFERENCES
+
+    # sys.modules' module: an earlier in-process run may have left the package attribute stale
+    elojudge = importlib.import_module("pytest_evalreplay.run.elojudge")
+    reads: list[tuple[int, str]] = []
+    real = elojudge.first_answer
+
+    def counted(index, prompt_key, stage):
+        reads.append((id(index), prompt_key))
+        return real(index, prompt_key, stage)
+
+    monkeypatch.setattr(elojudge, "first_answer", counted)
+    result = Project(pytester).run()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(reads) == len(set(reads)) == len(POOL) * len(REFERENCES)

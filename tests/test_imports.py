@@ -1,5 +1,5 @@
 """What a session costs the process: a session without evals imports only the
-options and the data model, an eval run no numpy or scipy for its metrics
+hooks and the option table, an eval run no numpy or scipy for its metrics
 (pytester subprocess runs, so nothing the test process imported counts), and
 an eval run's garbage collector settings are put back at its end."""
 
@@ -56,26 +56,19 @@ def test_an_eval_session_imports_neither_numpy_nor_scipy(pytester: pytest.Pytest
     assert not {m for m in loaded if m.split(".")[0] in ("numpy", "scipy")}
 
 
-def test_a_session_without_evals_imports_only_the_options_and_the_data_model(
+def test_a_session_without_evals_imports_only_the_hooks_and_the_option_table(
     pytester: pytest.Pytester,
 ) -> None:
+    """Start-up (#34): the settings, the data model, xdist's hooks and orjson
+    wait for a session that uses the plugin."""
     pytester.makeconftest(DUMP)
     pytester.makepyfile("def test_one():\n    assert 1 + 1 == 2\n")
     pytester.runpytest_subprocess(*QUIET).assert_outcomes(passed=1)
     loaded = _modules(pytester)
     ours = {m for m in loaded if m.startswith("pytest_evalreplay")}
-    start_up = {
-        "plugin",
-        "plugin.hooks",
-        "plugin.hookspecs",
-        "plugin.options",
-        "settings",
-        "model",
-        "shard",
-        "plugin.distributed",
-    }  # shard: the type of a setting (hashlib only); distributed: xdist's hooks
-    assert ours <= {"pytest_evalreplay", *(f"pytest_evalreplay.{m}" for m in start_up)}
-    assert not {m for m in loaded if m.split(".")[0] in ("filelock", "numpy", "scipy")}
+    start_up = {"plugin", "plugin.hooks", "plugin.hookspecs", "plugin.options"}
+    assert ours == {"pytest_evalreplay", *(f"pytest_evalreplay.{m}" for m in start_up)}
+    assert not {m for m in loaded if m.split(".")[0] in ("filelock", "numpy", "scipy", "orjson")}
 
 
 def test_an_eval_session_collects_garbage_in_full_rarely_and_restores_the_thresholds(
@@ -107,3 +100,17 @@ def pytest_terminal_summary(terminalreporter):
     young, middle, old = before
     result.stdout.fnmatch_lines([f"thresholds during the run: ({young}, {middle}, {old * 10})"])
     assert gc.get_threshold() == before
+
+
+def test_the_help_texts_name_the_defaults_the_settings_use() -> None:
+    """options.py writes the defaults into its help texts rather than import
+    settings.py at start-up: they must stay the same numbers."""
+    from pytest_evalreplay import settings
+    from pytest_evalreplay.plugin.options import BY_NAME
+
+    for name, value in [
+        ("concurrency", settings.DEFAULT_CONCURRENCY),
+        ("max-attempts", settings.DEFAULT_MAX_ATTEMPTS),
+        ("progress-interval", settings.DEFAULT_PROGRESS_INTERVAL),
+    ]:
+        assert f"(default {value:g})" in BY_NAME[name].help, name

@@ -2,8 +2,11 @@
 over to the module that owns the work (options, items, session, report).
 
 Nothing heavy is imported or registered until a session uses the plugin: a
-plain pytest run in an environment where it is installed pays for reading
-the options and one `isinstance` per collected module attribute.
+plain pytest run in an environment where it is installed imports this
+module, the hook specs and the option table, checks that no option is given,
+and looks up two modules per collected module attribute. The settings, the
+data model (`EvalReplayError` included: imported where it is caught) and
+xdist's hooks (only under -n/--dist) wait for a session that needs them.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.plugin import hookspecs, options
 
 if TYPE_CHECKING:
     from pytest_evalreplay.report.summary import Summary
     from pytest_evalreplay.run.selection import Entry
     from pytest_evalreplay.run.session import EvalSession
+    from pytest_evalreplay.settings import Settings
 
 _PLUGIN_NAME = "evalreplay-session"
 GC_OLD_FACTOR = 10  # an eval session's full garbage collections: this many times rarer (evals_collected)
@@ -37,8 +40,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "evalreplay: an item of an LLM evaluation (pytest-evalreplay)")
-    settings = options.resolve(config)
-    if settings.in_play and settings.provider == "vllm" and _xdist_workers(config):
+    settings = options.resolve(config) if options.in_play(config) else None  # else when evals show up
+    if settings is not None and settings.provider == "vllm" and _xdist_workers(config):
         raise pytest.UsageError(
             "-n/--numprocesses with --evalreplay-provider=vllm would load the model in every xdist worker: "
             "run in one process, or serve the model (python -m vllm.entrypoints.openai.api_server ...) and "
@@ -46,7 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     plugin = EvalReplayPlugin(config, settings)
     config.pluginmanager.register(plugin, _PLUGIN_NAME)
-    if config.pluginmanager.hasplugin("xdist"):
+    if _distributed(config):
         from pytest_evalreplay.plugin.distributed import XdistHooks
 
         config.pluginmanager.register(XdistHooks(plugin), "evalreplay-xdist")
@@ -55,11 +58,18 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_cmdline_main(config: pytest.Config) -> Any:
     """Before xdist's own: whether the user chose a --dist mode (distributed.py)."""
-    if config.pluginmanager.hasplugin("xdist"):
+    if _distributed(config) or getattr(config.option, "numprocesses", None):
         from pytest_evalreplay.plugin.distributed import note_dist_choice
 
         note_dist_choice(config)
     yield
+
+
+def _distributed(config: pytest.Config) -> bool:
+    """A session of xdist's: a controller with a --dist mode (-n sets one) or a worker."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return False
+    return getattr(config.option, "dist", "no") != "no" or hasattr(config, "workerinput")
 
 
 def _xdist_workers(config: pytest.Config) -> bool:
@@ -75,65 +85,18 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: objec
     is_elo = stages_module is not None and isinstance(obj, stages_module.EloEval)
     if not is_elo and not isinstance(obj, task_module.EvalTask):
         return None
-    if not is_elo and stages_module is not None and _pool_of_an_elo_eval(collector, obj):
-        return []  # an EloEval's pool: its items are the EloEval's
-    from pytest_evalreplay.plugin.items import COLLECTED_KEY, EloCollector, TaskCollector
+    from pytest_evalreplay.plugin.items import collect_eval
 
-    collector.config.pluginmanager.get_plugin(_PLUGIN_NAME).evals_collected()
-
-    if not _collected_here(collector, obj):
-        return []  # the same task imported into a second module: collected where it is defined
-    seen = collector.config.stash.setdefault(COLLECTED_KEY, {})
-    first = seen.setdefault(id(obj), collector.nodeid)
-    if first != collector.nodeid:
-        return []  # defined outside every collected module: collected once, where first met
-    if is_elo:
-        return EloCollector.from_parent(collector, name=obj.name, eval_=obj)  # type: ignore[attr-defined]
-    return TaskCollector.from_parent(collector, name=obj.name, task=obj)  # type: ignore[attr-defined]
-
-
-def _collected_here(collector: pytest.Collector, task: Any) -> bool:
-    """A task belongs to the module that defines it, whatever module imports
-    it and whichever is collected first: its node ids (JUnit class names,
-    `--lf`'s cache) do not depend on collection order. Only a task defined
-    outside every module this session collects (a helper module, a module
-    not selected) is collected where it is imported."""
-    home = getattr(task, "defined_in", None)
-    here = getattr(collector, "path", None)
-    if home is None or here is None or Path(here).resolve() == home:
-        return True
-    return not _will_collect(collector.config, home)
-
-
-def _will_collect(config: pytest.Config, path: Path) -> bool:
-    """Whether this session collects `path` as a test module: a python_files
-    match under one of the paths pytest was given (a node id given names its file)."""
-    from _pytest.python import path_matches_patterns
-
-    if not path_matches_patterns(path, config.getini("python_files")):
-        return False
-    base = config.invocation_params.dir
-    for arg in config.args:
-        given = (base / arg.split("::")[0]).resolve()
-        if given == path or (given.is_dir() and given in path.parents):
-            return True
-    return False
-
-
-def _pool_of_an_elo_eval(collector: pytest.Collector, task: object) -> bool:
-    from pytest_evalreplay.stages import EloEval
-
-    module = getattr(collector, "obj", None)
-    return any(isinstance(v, EloEval) and v.pool is task for v in vars(module).values()) if module else False
+    return collect_eval(collector, obj, is_elo)
 
 
 class EvalReplayPlugin:
     """The hooks that need state, registered per pytest session. The session
     machinery (journal, provider, run dir) is built when eval items show up."""
 
-    def __init__(self, config: pytest.Config, settings: options.Settings) -> None:
+    def __init__(self, config: pytest.Config, settings: Settings | None) -> None:
         self.config = config
-        self.settings = settings
+        self._settings = settings  # None: no option given, resolved if evals are collected
         self._session: EvalSession | None = None
         self._summary: Summary | None = None
         self._finished: list[pytest.Item] = []
@@ -154,6 +117,17 @@ class EvalReplayPlugin:
             gc.set_threshold(young, middle, old * GC_OLD_FACTOR)
 
     # -- lazily built parts ------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = options.resolve(self.config)
+        return self._settings
+
+    @property
+    def in_play(self) -> bool:
+        """Whether an evalreplay option or ini key is set (without resolving them)."""
+        return self._settings is not None and self._settings.in_play
 
     @property
     def session(self) -> EvalSession:
@@ -213,9 +187,9 @@ class EvalReplayPlugin:
     # -- status where pytest users look ------------------------------------------
 
     def pytest_report_header(self, config: pytest.Config) -> list[str] | None:
-        s = self.settings
-        if not s.in_play:
+        if not self.in_play:
             return None
+        s = self.settings
         parts = [f"provider: {s.provider or 'none'}"]
         if s.model:
             parts.append(f"model: {s.model}")
@@ -250,6 +224,8 @@ class EvalReplayPlugin:
         if self.active:
             self.session.ctx.failures_left = lambda: failures_left(session)
         if self.active and not session.config.option.collectonly:
+            from pytest_evalreplay.model import EvalReplayError
+
             try:
                 self.session.prepare_provider()  # its batch size may re-chunk
             except EvalReplayError as exc:
@@ -300,6 +276,8 @@ class EvalReplayPlugin:
         if opts.collect_only and self.settings.provider is None:
             self._unplanned = len(tasks)  # reuse is by provider: without one there is nothing to plan
             return
+        from pytest_evalreplay.model import EvalReplayError
+
         try:
             self.session.register(list(tasks.values()), collect_only=opts.collect_only)
             done = self.session.rescore_reused() if opts.rescores_reused else {}
@@ -386,6 +364,8 @@ class EvalReplayPlugin:
             return
         if self._deselected_all and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
             session.exitstatus = pytest.ExitCode.OK  # everything was reused: nothing had to run
+        from pytest_evalreplay.model import EvalReplayError
+
         ev = self.session
         try:
             ev.finish()
@@ -415,6 +395,7 @@ class EvalReplayPlugin:
             self.summary.compare_with(self.settings.compare)
         self.summary.terminal(terminalreporter)
         if self.settings.report is not None:
+            from pytest_evalreplay.model import EvalReplayError
             from pytest_evalreplay.report.summary import github_step_summary
 
             try:
@@ -433,6 +414,7 @@ class EvalReplayPlugin:
     def _write_html(self, terminalreporter: pytest.TerminalReporter, path: Path) -> None:
         """The HTML report of the run dir this session wrote (with the gates'
         verdicts, which the run dir does not keep), or a line saying why not."""
+        from pytest_evalreplay.model import EvalReplayError
         from pytest_evalreplay.report.html import write_report
 
         run_dir = self.summary.run_dir
@@ -476,7 +458,9 @@ def _entry(item: pytest.Item) -> Entry:
     return Entry()
 
 
-def output_dir(config: pytest.Config, settings: options.Settings) -> Path:
+def output_dir(config: pytest.Config, settings: Settings) -> Path:
+    from pytest_evalreplay.model import EvalReplayError
+
     if settings.output is not None:
         return settings.output
     cache = getattr(config, "cache", None)
@@ -491,6 +475,8 @@ def output_dir(config: pytest.Config, settings: options.Settings) -> Path:
 @pytest.fixture(scope="session")
 def replay_provider(pytestconfig: pytest.Config) -> Any:
     """The replay provider over --evalreplay-predictions, for hand-written tests."""
+    from pytest_evalreplay.model import EvalReplayError
+
     plugin = pytestconfig.pluginmanager.get_plugin(_PLUGIN_NAME)
     try:
         return plugin.session.replay_provider()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -37,6 +38,56 @@ def session_of(config: pytest.Config) -> EvalSession:
     if SESSION_KEY not in config.stash:
         config.pluginmanager.get_plugin("evalreplay-session").session  # noqa: B018 - builds and stashes it
     return config.stash[SESSION_KEY]
+
+
+def collect_eval(collector: pytest.Collector, obj: Any, is_elo: bool) -> Any:
+    """The collector of an `EvalTask` or `EloEval` met in a module, or [] where
+    it is collected elsewhere (the hooks' `pytest_pycollect_makeitem`)."""
+    if not is_elo and _pool_of_an_elo_eval(collector, obj):
+        return []  # an EloEval's pool: its items are the EloEval's
+    collector.config.pluginmanager.get_plugin("evalreplay-session").evals_collected()
+    if not _collected_here(collector, obj):
+        return []  # the same task imported into a second module: collected where it is defined
+    seen = collector.config.stash.setdefault(COLLECTED_KEY, {})
+    first = seen.setdefault(id(obj), collector.nodeid)
+    if first != collector.nodeid:
+        return []  # defined outside every collected module: collected once, where first met
+    if is_elo:
+        return EloCollector.from_parent(collector, name=obj.name, eval_=obj)  # type: ignore[attr-defined]
+    return TaskCollector.from_parent(collector, name=obj.name, task=obj)  # type: ignore[attr-defined]
+
+
+def _collected_here(collector: pytest.Collector, task: Any) -> bool:
+    """A task belongs to the module that defines it, whatever module imports
+    it and whichever is collected first: its node ids (JUnit class names,
+    `--lf`'s cache) do not depend on collection order. Only a task defined
+    outside every module this session collects (a helper module, a module
+    not selected) is collected where it is imported."""
+    home = getattr(task, "defined_in", None)
+    here = getattr(collector, "path", None)
+    if home is None or here is None or Path(here).resolve() == home:
+        return True
+    return not _will_collect(collector.config, home)
+
+
+def _will_collect(config: pytest.Config, path: Path) -> bool:
+    """Whether this session collects `path` as a test module: a python_files
+    match under one of the paths pytest was given (a node id given names its file)."""
+    from _pytest.python import path_matches_patterns
+
+    if not path_matches_patterns(path, config.getini("python_files")):
+        return False
+    base = config.invocation_params.dir
+    for arg in config.args:
+        given = (base / arg.split("::")[0]).resolve()
+        if given == path or (given.is_dir() and given in path.parents):
+            return True
+    return False
+
+
+def _pool_of_an_elo_eval(collector: pytest.Collector, task: object) -> bool:
+    module = getattr(collector, "obj", None)
+    return any(isinstance(v, EloEval) and v.pool is task for v in vars(module).values()) if module else False
 
 
 class TaskCollector(pytest.Collector):

@@ -7,26 +7,26 @@ command-line paths are relative to where pytest was started. Every value is
 checked here, once, so a bad one is a usage error naming the option and its
 ini key. `Settings` (settings.py) is plain frozen data: the rest of the
 package never touches `pytest.Config`.
+
+Every pytest session where the plugin is installed imports this module, so
+it holds the option table and what reads it, and imports the settings (and
+orjson) only when a session resolves them: when an option is given or an
+eval task is collected. The defaults the help texts name are settings.py's
+(tests/test_imports.py holds them equal).
 """
 
 from __future__ import annotations
 
 import math
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
 import pytest
 
-from pytest_evalreplay.settings import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_PROGRESS_INTERVAL,
-    Settings,
-)
-from pytest_evalreplay.shard import Shard, parse_shard
+if TYPE_CHECKING:
+    from pytest_evalreplay.settings import Settings
+    from pytest_evalreplay.shard import Shard
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "concurrency",
         "int",
-        f"requests in flight for the openai provider (default {DEFAULT_CONCURRENCY})",
+        "requests in flight for the openai provider (default 32)",
         "N",
     ),
     Option(
@@ -112,7 +112,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "max-attempts",
         "int",
-        f"attempts per item before a retryable failure is final (default {DEFAULT_MAX_ATTEMPTS})",
+        "attempts per item before a retryable failure is final (default 3)",
         "N",
     ),
     Option(
@@ -196,8 +196,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "progress-interval",
         "float",
-        f"seconds between generation progress lines in a non-terminal log "
-        f"(default {DEFAULT_PROGRESS_INTERVAL:g})",
+        "seconds between generation progress lines in a non-terminal log (default 15)",
         "SECONDS",
     ),
 )
@@ -290,6 +289,10 @@ class _Reader:
 def parse_engine_args(items: list[str]) -> dict[str, Any]:
     """KEY=VALUE pairs; VALUE is JSON where it parses (so 0.1, true, [1,2] keep their types).
     Raises ValueError naming what does not parse."""
+    import shlex
+
+    import orjson
+
     args: dict[str, Any] = {}
     for item in items:
         try:
@@ -324,6 +327,8 @@ def _resume_stage(raw: Any) -> int | None:
 def _shard(raw: Any) -> Shard | None:
     if raw is None:
         return None
+    from pytest_evalreplay.shard import parse_shard
+
     try:
         return parse_shard(str(raw))
     except ValueError as exc:
@@ -343,8 +348,23 @@ def _provider_kind(read: _Reader) -> str | None:
     return None
 
 
+def in_play(config: pytest.Config) -> bool:
+    """Whether any evalreplay option or ini key is set (cheap: nothing is
+    checked or imported; a session where none is resolves its settings only
+    if it collects an eval task)."""
+    read = _Reader(config)
+    return any(read.raw(o.name) not in (None, False) for o in OPTIONS)
+
+
 def resolve(config: pytest.Config) -> Settings:
     """Read and check every option (command line first, then ini) into `Settings`."""
+    from pytest_evalreplay.settings import (
+        DEFAULT_CONCURRENCY,
+        DEFAULT_MAX_ATTEMPTS,
+        DEFAULT_PROGRESS_INTERVAL,
+        Settings,
+    )
+
     read = _Reader(config)
     update_baseline = read.flag("update-baseline")
     baseline = read.path("baseline")
@@ -359,9 +379,6 @@ def resolve(config: pytest.Config) -> Settings:
     timeout = read.number("timeout", float, 0.0, None)
     if timeout == 0:
         raise pytest.UsageError(f"{BY_NAME['timeout'].label()} must be a positive number of seconds, got 0")
-    in_play = any(read.raw(o.name) not in (None, False) for o in OPTIONS if o.kind != "path") or any(
-        read.path(o.name) is not None for o in OPTIONS if o.kind == "path"
-    )
     return Settings(
         provider=_provider_kind(read),
         predictions=read.path("predictions"),
@@ -388,5 +405,5 @@ def resolve(config: pytest.Config) -> Settings:
         reuse_scores=read.flag("reuse-scores"),
         shard=_shard(read.raw("shard")),
         progress_interval=read.number("progress-interval", float, 0.0, DEFAULT_PROGRESS_INTERVAL),
-        in_play=in_play,
+        in_play=in_play(config),  # an ini path that is not one path was refused above
     )

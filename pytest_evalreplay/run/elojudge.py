@@ -170,6 +170,9 @@ class Judging:
     directory: Path
     recorder: TaskRecorder | None = None  # the LLM judge's journal
     _references: dict[str, SavedIndex] = field(default_factory=dict)  # each reference's saved run
+    # Each (reference, task)'s answer, read once: collection's check reads every
+    # one the stages will judge with, so a stage decodes no saved row again.
+    _answers: dict[tuple[str, str], str | None] = field(default_factory=dict)
     _provider: tuple[Any, str, dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
@@ -185,7 +188,9 @@ class Judging:
 
     def reference_answer(self, reference: str, task_id: str) -> str | None:
         """A reference's saved answer to a pool task (None: it has none), read
-        by the saved-run readers replay serves by (`formats.saves`)."""
+        by the saved-run readers replay serves by (`formats.saves`), once a session."""
+        if (reference, task_id) in self._answers:
+            return self._answers[(reference, task_id)]
         index = self._references.get(reference)
         if index is None:
             try:
@@ -199,7 +204,9 @@ class Judging:
         pool = self.eval.pool
         request = pool.request(pool.instance(task_id))
         generation = first_answer(index, request.prompt_key, request.stage)
-        return None if generation is None else pool.postprocess(generation).text
+        answer = None if generation is None else pool.postprocess(generation).text
+        self._answers[(reference, task_id)] = answer
+        return answer
 
     def check_references(self, stage_tasks: Sequence[Sequence[str]]) -> None:
         """Every reference read at collection, with an answer to every drawn
