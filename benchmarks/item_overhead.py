@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import report
+from results import label, report
 from scale_harness import (
     BARE,
     CONFTEST,
@@ -85,11 +85,6 @@ def mc_project(root: Path, items: int, choices: int) -> Path:
     (root / "conftest.py").write_text(CONFTEST + _LOGLIKELIHOOD)
     (root / "test_evals.py").write_text(_MC.format(items=items, choices=choices))
     return root
-
-
-def label(items: int) -> str:
-    """2000 -> "2k": the size as the issue's rows name it."""
-    return f"{items / 1000:g}k" if items >= 1000 else str(items)
 
 
 def compare(tmp: Path, items: int, runs: int, choices: int = 0) -> Compared:

@@ -30,9 +30,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from http_stub import StubServer  # noqa: E402
 from lm_eval_tasks import TINY_MC, WORDS, lm_eval_command, lm_eval_env  # noqa: E402
+from results import report  # noqa: E402
 
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
 MODULE = """
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  ours / lm-eval's: {ours / theirs:.3f}x; goal <= 1.0x (no prompt more than lm-eval sends) -> "
             f"{'met' if ok else 'MISSED'}"
         )
+        report("mc-openai-prompts", f"{theirs:,} (lm-eval)", f"{ours:,}", f"{ours / theirs:.3f}x", "1.0x", ok)
     print(f"benchmark took {time.perf_counter() - started:.0f} s")
     return 0 if ok else 1
 

@@ -29,6 +29,11 @@ def result_line(row: str, baseline: Any, ours: Any, ratio: Any, goal: Any, met: 
     return PREFIX + json.dumps({**fields, **extra}, ensure_ascii=False)
 
 
+def label(items: int) -> str:
+    """2000 -> "2k": a size as the issue's rows name it (in row keys)."""
+    return f"{items / 1000:g}k" if items >= 1000 else str(items)
+
+
 def report(row: str, baseline: Any, ours: Any, ratio: Any, goal: Any, met: bool, **extra: Any) -> None:
     """Print the RESULT line of one row, flushed (run_all.py reads it as it comes)."""
     print(result_line(row, baseline, ours, ratio, goal, met, **extra), flush=True)

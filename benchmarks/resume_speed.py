@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from results import label, report
 from scale_harness import (
     BARE,
     Compared,
@@ -108,6 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         f"wall {r.ratio('wall'):.3f}x"
     )
     ok = ok and replay_ok
+    report(
+        f"replay-{label(items)}",
+        f"{r.median('b', 'cpu'):.2f} s",
+        f"{r.median('a', 'cpu'):.2f} s",
+        f"{r.ratio('cpu'):.3f}x",
+        f"{GOAL}x",
+        replay_ok,
+    )
     print(f"benchmark took {time.perf_counter() - started:.0f} s")
     return 0 if ok else 1
 

@@ -45,6 +45,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from results import report
 from scale_harness import (
     PYTEST,
     Compared,
@@ -201,6 +202,15 @@ def merge_vs_read(tmp: Path, rollouts: int, pairs: int) -> None:
     cpu, rss = both.ratio("cpu"), both.ratio("maxrss_mib")
     print(f"  goal <= {CPU_GOAL:g}x CPU: {verdict(cpu <= CPU_GOAL)}")
     print(f"  goal <= {RSS_GOAL:g}x peak RSS: {verdict(rss <= RSS_GOAL)}")
+    report(
+        f"merge-{READ_SHARDS}-shards",
+        f"{both.median('b', 'cpu'):.2f} s / {both.median('b', 'maxrss_mib'):.1f} MiB",
+        f"{both.median('a', 'cpu'):.2f} s / {both.median('a', 'maxrss_mib'):.1f} MiB",
+        f"{cpu:.1f}x / {rss:.1f}x",
+        f"{CPU_GOAL:g}x / {RSS_GOAL:g}x",
+        cpu <= CPU_GOAL and rss <= RSS_GOAL,
+        rows=rows,
+    )
 
 
 def merge_only(tmp: Path, rollouts: int) -> None:
