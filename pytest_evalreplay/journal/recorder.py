@@ -158,6 +158,20 @@ class TaskRecorder:
             if len(self._buffer) >= GROUP_ROWS or time.monotonic() - self._first_unsaved >= GROUP_SECONDS:
                 self._write()
 
+    def hold(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Rows that may wait for the next write (`add` of rows that are not
+        scores, `write_held`, `flush`): an agent's tool results, which need
+        to be on disk only before its next turn reaches the provider, so a
+        batch of turns writes every episode's once (`EpisodeRunner._generate`)."""
+        with self.mutex:
+            self._buffer.extend(rows)
+
+    def write_held(self) -> None:
+        """Write whatever waits in the buffer now (held rows, scores)."""
+        with self.mutex:
+            if self._buffer:
+                self._write()
+
     def _write(self) -> None:
         with self.locked():
             self._append_buffer()

@@ -192,6 +192,9 @@ class Episode:
                 start = len(known)
             if tools == last["tools"]:
                 tools = []
+        # NaN and infinities come out of orjson as null: walk the new part only when it holds one.
+        if b"null" not in orjson.dumps((messages[start:], tools, sampling), option=orjson.OPT_NON_STR_KEYS):
+            return
         for n in range(start, len(messages)):
             check_finite(messages[n], f"['context'][{n}]")
         check_finite(tools, "['tools']")

@@ -5,8 +5,10 @@
 `TurnBatcher`, which hands the provider one batch of every turn waiting
 (through `generation.stream_into_journal`, so retries, the per-turn timeout
 and the journal rows are the ones every generation gets). Every model turn
-and every tool result is a row of `<task>-turns-journal.jsonl` the moment it
-exists, keyed by episode, turn and the digest of what was sent; under
+is a row of `<task>-turns-journal.jsonl` the moment it arrives, every tool
+result one written at the latest with the next batch, before that batch
+reaches the provider (one write for the batch's tool results, not one per
+tool), keyed by episode, turn and the digest of what was sent; under
 `--resume` an episode re-runs its agent, each call that matches its
 recorded row is answered from there (a tool's result without running the
 tool), and from the first that does not the episode is live. A replay
@@ -104,12 +106,14 @@ class EpisodeRunner:
             rows = self.turns.provider_rows(TOOL_PV, TOOL_IDENTITY)
             rows += self.turns.request_rows(rq, {"request_type": "tool", "call": slot.call})
             rows.append(self.turns.gen(key, rq, TOOL_PV, Generation(text=text)))
-            self.turns.add(rows)
+            self.turns.hold(rows)  # written before this episode's next turn is asked, with its batch
 
     def _generate(self, requests: list[Request]) -> list[Generation | Failure]:
         """One batch of turns into the turns journal; each turn's answer as it
         was written, or its final failure."""
         asked = {r.instance_id: self.asked.pop(r.instance_id) for r in requests}
+        # The tool results these episodes held: on disk before their turns reach the provider.
+        self.turns.write_held()
         answers: dict[str, Generation | Failure] = {}  # by journal id
         stream_into_journal(  # each of its writes takes the turns recorder's mutex
             self.turns,
