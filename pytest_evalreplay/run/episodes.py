@@ -263,6 +263,8 @@ class EpisodeRunner:
         """The keys whose episode this run answered wholly from an earlier
         run's journal rows: their final answer is this run's row, but nothing
         was generated for it, so the summary counts them reused."""
+        if not self.ctx.resuming:
+            return set()  # a run without --resume answers from nothing earlier (`generated` is True)
         with self.lock:
             self.turns.flush()
             index = self.turns.index
