@@ -76,6 +76,7 @@ class EpisodeRunner:
             self.saved = transcripts.SavedEpisodes.read(settings.predictions, name)
         self.pv = ctx.provider_digest
         self.mode = Mode(ctx.run_id, ctx.resuming, self.saved is not None, settings.max_attempts)
+        self._unrecorded = answer_source(self.mode, None, None)  # a call the journal holds nothing of
         self.batcher = TurnBatcher(self._generate)
         # A turn in flight's digest, row content and journal id, by its request's instance id.
         self.asked: dict[str, tuple[str, dict[str, Any], str]] = {}
@@ -96,7 +97,10 @@ class EpisodeRunner:
         turns journal), and the journal's answer when it is there."""
         with self.lock:
             index = self.turns.index
-            found = answer_source(self.mode, index.latest_gen(key, rq, pv), index.latest_fail(key, rq, pv))
+            gen, fail = index.latest_gen(key, rq, pv), index.latest_fail(key, rq, pv)
+            if gen is None and fail is None:
+                return self._unrecorded, None  # a live run's every turn: nothing to weigh
+            found = answer_source(self.mode, gen, fail)
             return found, None if found.gen is None else index.generation(found.gen)
 
     def record_tool(self, key: RolloutKey, rq: str, slot: ToolSlot, text: str) -> None:
