@@ -451,6 +451,7 @@ def test_the_overhead_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -
     assert "20 episodes x 3 turns = 60 model turns" in out
     assert "per turn : harness CPU through llm.chat" in out and "harness CPU through the endpoint" in out
     assert "goal     : llm.chat <= 100 us" in out and "goal     : endpoint <= 1000 us" in out
+    assert "floor    : each turn digested, each turn and tool result a journal line as it exists" in out
 
 
 def test_a_malformed_turns_journal_line_is_a_usage_error_before_any_item(project):
