@@ -210,9 +210,13 @@ class TaskRecorder:
             compaction.compact(self.index, self.run, keep)
         return True
 
+    def has_request(self, rq: str) -> bool:
+        """Whether the journal holds (or this process wrote) the request row of `rq`."""
+        return rq in self._known_requests or rq in self.index.requests
+
     def request_rows(self, rq: str, content: Mapping[str, Any]) -> list[dict[str, Any]]:
         with self.mutex:
-            if rq in self._known_requests or rq in self.index.requests:
+            if self.has_request(rq):
                 return []
             self._known_requests.add(rq)
         return [journal.request_row(rq, content)]

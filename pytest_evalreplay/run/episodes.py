@@ -249,7 +249,11 @@ class EpisodeRunner:
             )
             self.turns.add(rows)
             task = self.task
-            main = recorder.request_rows(rq, request_content(task.request(task.instance(key[1]))))
+            main = (  # the request rendered only when the journal lacks its row (once per instance)
+                []
+                if recorder.has_request(rq)
+                else recorder.request_rows(rq, request_content(task.request(task.instance(key[1]))))
+            )
             if final:
                 main.append(recorder.gen(key, rq, self.pv, episode.final(answer)))
             else:
