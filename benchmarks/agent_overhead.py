@@ -16,6 +16,12 @@ as an agent task keeps one item per episode):
   request building, HTTP, reply parsing: about 6 ms a turn here) is on both
   sides; the difference is the endpoint and the harness behind it.
 
+The floor, beside them: the direct loop plus the least a harness that keeps
+a crash to the turn in flight must do (each turn's request digested, each
+model turn and tool result a journal line, orjson and one write(2), as it
+exists), each episode run with and without that work in one process, in
+turn first, so the difference is measured under one load.
+
 When inspect_ai is importable, its own agent loop (`use_tools` +
 `generate(tool_calls="loop")`) over the same instant model (a `ModelAPI`)
 and tool runs side by side: its per-turn harness CPU is the slope between
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import orjson
 from scale_harness import BARE, Compared, Measure, child_env, expect_in, run_child, run_pytest, verdict
 
 GOAL_CHAT_US = 100.0
@@ -57,8 +65,9 @@ LOOP = '''
 import os
 
 import orjson
-from pytest_evalreplay import Generation
-from pytest_evalreplay.agent import tool_message
+from pytest_evalreplay import Generation, Request
+from pytest_evalreplay.agent import Turn, parse_call, tool_message
+from pytest_evalreplay.model import digest_finite
 
 TURNS = int(os.environ["BENCH_TURNS"])
 EPISODES = int(os.environ["BENCH_EPISODES"])
@@ -114,6 +123,53 @@ def solve_sdk(instance, client):
 
 
 INSTANCES = [{"id": f"e{i}"} for i in range(EPISODES)]
+PROVIDER = Instant()
+
+
+class DirectLLM:
+    """The provider called directly: one request per turn, the tool run as is."""
+
+    def __init__(self, instance_id):
+        self.instance_id = instance_id
+
+    def chat(self, messages, tools=None, **sampling):
+        request = Request(task="steps", instance_id=self.instance_id, context=list(messages),
+                          sampling=sampling, tools=tuple(tools or ()))
+        return Turn.of(PROVIDER.generate([request])[0][0])
+
+    def tool(self, call, fn):
+        return fn(**parse_call(call)[1])
+
+
+class FloorLLM(DirectLLM):
+    """The direct loop plus the least a harness that keeps a crash to the turn
+    in flight must do: each turn's request digested, each model turn and each
+    tool result a journal line (orjson, one write(2)) as it exists."""
+
+    journal = None
+
+    def __init__(self, instance_id):
+        super().__init__(instance_id)
+        self.turns, self.sent, self.after = 0, 0, None
+        if FloorLLM.journal is None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+            FloorLLM.journal = os.open("floor-journal.jsonl", flags, 0o644)
+
+    def chat(self, messages, tools=None, **sampling):
+        rq = digest_finite({"context": messages, "tools": tools or [], "sampling": sampling})
+        turn = super().chat(messages, tools, **sampling)
+        self.turns += 1
+        row = {"key": f"{self.instance_id}|t{self.turns}", "rq": rq, "after": self.after,
+               "added": messages[self.sent :], "reply": turn.message}
+        os.write(self.journal, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+        self.sent, self.after = len(messages), rq
+        return turn
+
+    def tool(self, call, fn):
+        result = super().tool(call, fn)
+        row = {"key": f"{self.instance_id}|{call['id']}", "after": self.after, "result": result}
+        os.write(self.journal, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+        return result
 '''
 
 CHAT_SIDE = """
@@ -150,31 +206,35 @@ def pytest_evalreplay_make_provider(config, kind):
 
 DIRECT_SIDE = """
 import pytest
-from agent_loop import INSTANCES, Instant, solve
-from pytest_evalreplay import Request
-from pytest_evalreplay.agent import Turn, parse_call
-
-PROVIDER = Instant()
-
-
-class DirectLLM:
-    \"\"\"The provider called directly: one request per turn, the tool run as is.\"\"\"
-
-    def __init__(self, instance_id):
-        self.instance_id = instance_id
-
-    def chat(self, messages, tools=None, **sampling):
-        request = Request(task="steps", instance_id=self.instance_id, context=list(messages),
-                          sampling=sampling, tools=tuple(tools or ()))
-        return Turn.of(PROVIDER.generate([request])[0][0])
-
-    def tool(self, call, fn):
-        return fn(**parse_call(call)[1])
+from agent_loop import INSTANCES, DirectLLM, solve
 
 
 @pytest.mark.parametrize("instance", INSTANCES, ids=[i["id"] for i in INSTANCES])
 def test_episode(instance):
     assert isinstance(solve(instance, DirectLLM(instance["id"])), str)
+"""
+
+# Each episode twice, with and without the floor's work (in turn first), the
+# CPU of each timed in the one process: their difference under the same load.
+FLOOR_SIDE = """
+import atexit
+import collections
+import time
+
+import orjson
+import pytest
+from agent_loop import INSTANCES, DirectLLM, FloorLLM, solve
+
+SPENT = collections.Counter()
+atexit.register(lambda: open("episodes-cpu.json", "wb").write(orjson.dumps(SPENT)))
+
+
+@pytest.mark.parametrize("instance", INSTANCES, ids=[i["id"] for i in INSTANCES])
+def test_episode(instance):
+    for llm in (DirectLLM, FloorLLM) if int(instance["id"][1:]) % 2 else (FloorLLM, DirectLLM):
+        start = time.thread_time()
+        assert isinstance(solve(instance, llm(instance["id"])), str)
+        SPENT[llm.__name__] += time.thread_time() - start
 """
 
 DIRECT_SDK_SIDE = """
@@ -300,6 +360,7 @@ print(f"inspect: {len(log.samples)} samples, accuracy {log.results.scores[0].met
 
 PROJECTS = {
     "direct": {"test_direct.py": DIRECT_SIDE},
+    "floor": {"test_direct.py": FLOOR_SIDE},
     "llm.chat": {"conftest.py": PLUGIN_CONFTEST, "test_agent.py": CHAT_SIDE},
     "direct-sdk": {"test_direct.py": DIRECT_SDK_SIDE},
     "endpoint": {"conftest.py": PLUGIN_CONFTEST, "test_agent.py": ENDPOINT_SIDE},
@@ -329,7 +390,7 @@ def run_side(
         m = run_child(root, argv, env=env)
         expect_in(m, f"inspect: {episodes} samples, accuracy 1.0")
         return m
-    if side in ("direct", "direct-sdk"):
+    if side in ("direct", "direct-sdk", "floor"):
         m = run_pytest(root, BARE, env=env)
         expect_in(m, f"{episodes} passed")
         return m
@@ -343,11 +404,14 @@ def run_side(
 
 def measure(
     tmp: Path, episodes: int, turns: int, runs: int, concurrency: int | None, sides: list[str]
-) -> dict[str, list[Measure]]:
+) -> tuple[dict[str, list[Measure]], list[float]]:
     """Each side's runs (`inspect-1`: inspect_ai at one turn an episode), in
-    rotating order so that each side takes each place in turn."""
+    rotating order so that each side takes each place in turn; and the
+    floor's own CPU in each round (its episodes with the floor's work less
+    the same episodes without it, in one process)."""
     roots = projects(tmp)
     out: dict[str, list[Measure]] = {side: [] for side in sides}
+    floors: list[float] = []
     # Reaped only after the last side: its CPU is in no side's RUSAGE_CHILDREN delta.
     server = subprocess.Popen(
         [sys.executable, "instant_server.py"], cwd=roots["server"], stdout=subprocess.PIPE, env=child_env()
@@ -362,12 +426,15 @@ def measure(
                 m = run_side(project, roots[project], tmp / f"out-{side}-{n}", *size, concurrency, url)
                 if n:
                     out[side].append(m)
+                if n and side == "floor":
+                    spent = orjson.loads((roots["floor"] / "episodes-cpu.json").read_bytes())
+                    floors.append(spent["FloorLLM"] - spent["DirectLLM"])
     finally:
         server.kill()
         server.wait()
         if server.stdout is not None:
             server.stdout.close()  # left open, its pipe is a ResourceWarning under -W error
-    return out
+    return out, floors
 
 
 def per_turn_us(c: Compared, turns: int) -> float:
@@ -405,19 +472,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-inspect", action="store_true", help="leave inspect_ai out")
     parser.add_argument("--no-endpoint", action="store_true", help="llm.chat and its direct loop only")
     args = parser.parse_args(argv)
-    sides = ["direct", "llm.chat"] + ([] if args.no_endpoint else ["direct-sdk", "endpoint"])
+    sides = ["direct", "llm.chat", "floor"] + ([] if args.no_endpoint else ["direct-sdk", "endpoint"])
     with_inspect = not args.no_inspect and importlib.util.find_spec("inspect_ai") is not None
     if with_inspect and args.turns > 1:
         sides += ["inspect", "inspect-1"]
     total = args.episodes * args.turns
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="evalreplay-bench-") as name:
-        runs = measure(Path(name), args.episodes, args.turns, args.runs, args.concurrency, sides)
+        runs, floors = measure(Path(name), args.episodes, args.turns, args.runs, args.concurrency, sides)
     print(
         f"{args.episodes:,} episodes x {args.turns} turns = {total:,} model turns, median of {args.runs} "
         "round(s): agent tasks vs the same loops run directly"
     )
     ok, goal = side_report(runs, "llm.chat", "direct", "llm.chat", GOAL_CHAT_US, total)
+    floor = statistics.median(floors) / total * 1e6
+    print(
+        f"  floor    : each turn digested, each turn and tool result a journal line as it exists: "
+        f"{floor:.1f} us a turn (rounds {min(floors) / total * 1e6:.1f}-{max(floors) / total * 1e6:.1f})"
+    )
     goals = [goal]
     if "endpoint" in runs:
         met, goal = side_report(runs, "endpoint", "direct-sdk", "the endpoint", GOAL_ENDPOINT_US, total)

@@ -460,6 +460,7 @@ def test_the_overhead_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -
     assert "20 episodes x 3 turns = 60 model turns" in out
     assert "per turn : harness CPU through llm.chat" in out and "harness CPU through the endpoint" in out
     assert "goal     : llm.chat <= 100 us" in out and "goal     : endpoint <= 1000 us" in out
+    assert "floor    : each turn digested, each turn and tool result a journal line as it exists" in out
 
 
 def test_a_malformed_turns_journal_line_is_a_usage_error_before_any_item(project):
@@ -479,3 +480,30 @@ def test_a_malformed_turns_journal_line_is_a_usage_error_before_any_item(project
         )
         assert calls(project) == []
     project.runpytest("--evalreplay-output=run", "--evalreplay-reset").assert_outcomes(passed=6)
+
+
+ON_DISK_CONFTEST = CONFTEST.replace(
+    "    def generate(self, requests):\n",
+    """    def generate(self, requests):
+        # Every tool result an asking episode sent must be on disk before its turn reaches the model.
+        journal = Path(__file__).parent / "run" / "sums-turns-journal.jsonl"
+        saved = journal.read_bytes() if journal.exists() else b""
+        for r in requests:
+            episode = r.instance_id.split("|t")[0]
+            for n in range(1, sum(m["role"] == "tool" for m in r.context) + 1):
+                if f'"instance_id":"{episode}|c{n}"'.encode() not in saved:
+                    with open(Path(__file__).parent / "unsaved.log", "a") as log:
+                        log.write(f"{episode}|c{n}\\n")
+""",
+)
+
+
+def test_each_tool_result_is_on_disk_before_its_episodes_next_turn_reaches_the_model(pytester):
+    """Tool results wait to be written with the next batch of turns (one
+    write for the batch, not one per tool), but never past its provider call."""
+    pytester.makeconftest(ON_DISK_CONFTEST)
+    pytester.makeini(INI)
+    pytester.makepyfile(test_sums=AGENT)
+    pytester.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+    assert len(asked(pytester)) == 12  # each episode's second turn followed a tool result
+    assert not (pytester.path / "unsaved.log").exists()

@@ -158,6 +158,20 @@ class TaskRecorder:
             if len(self._buffer) >= GROUP_ROWS or time.monotonic() - self._first_unsaved >= GROUP_SECONDS:
                 self._write()
 
+    def hold(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Rows that may wait for the next write (`add` of rows that are not
+        scores, `write_held`, `flush`): an agent's tool results, which need
+        to be on disk only before its next turn reaches the provider, so a
+        batch of turns writes every episode's once (`EpisodeRunner._generate`)."""
+        with self.mutex:
+            self._buffer.extend(rows)
+
+    def write_held(self) -> None:
+        """Write whatever waits in the buffer now (held rows, scores)."""
+        with self.mutex:
+            if self._buffer:
+                self._write()
+
     def _write(self) -> None:
         with self.locked():
             self._append_buffer()
@@ -196,9 +210,13 @@ class TaskRecorder:
             compaction.compact(self.index, self.run, keep)
         return True
 
+    def has_request(self, rq: str) -> bool:
+        """Whether the journal holds (or this process wrote) the request row of `rq`."""
+        return rq in self._known_requests or rq in self.index.requests
+
     def request_rows(self, rq: str, content: Mapping[str, Any]) -> list[dict[str, Any]]:
         with self.mutex:
-            if rq in self._known_requests or rq in self.index.requests:
+            if self.has_request(rq):
                 return []
             self._known_requests.add(rq)
         return [journal.request_row(rq, content)]

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
@@ -133,6 +134,50 @@ _ROUTES: dict[
 }
 
 
+# A request's header block, as http.client limits it: a line, and how many lines.
+MAX_HEADER_LINE = 65536
+MAX_HEADERS = 100
+
+
+class Headers(dict[str, str]):
+    """A request's headers by lower-cased name (a repeated one: its last),
+    read as `email.message.Message.get` reads them, the one way the handler
+    and http.server use them."""
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(name.lower(), default)
+
+
+def read_headers(lines: Iterable[bytes]) -> Headers | tuple[HTTPStatus, str]:
+    """The header block from its lines (each with its line end, up to the
+    empty line), or the status and reason it is refused with: the email
+    package's parser, which http.server uses, took about 60 us a request
+    here, most of the endpoint's own cost. A continuation line (obsolete
+    folding) is joined to its header."""
+    headers = Headers()
+    name = None
+    for count, line in enumerate(lines):
+        if len(line) > MAX_HEADER_LINE:
+            return HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Line too long"
+        if line in (b"\r\n", b"\n", b""):
+            return headers
+        if count >= MAX_HEADERS:
+            return HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Too many headers"
+        text = line.decode("iso-8859-1").rstrip("\r\n")
+        if text[:1] in (" ", "\t") and name is not None:
+            headers[name] += " " + text.strip()
+            continue
+        key, colon, value = text.partition(":")
+        if not colon or not key or key != key.strip():
+            return HTTPStatus.BAD_REQUEST, f"Bad header line ({text!r:.80})"
+        name = key.lower()
+        headers[name] = value.strip()
+    return headers
+
+
+_DATE: list[Any] = [None, ""]  # the second and its `Date` header (threads may race: each writes a right one)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: the SDKs reuse one connection per client
     # Buffered: the headers and the body leave in one segment. Written apart, the
@@ -142,6 +187,50 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass  # the session's output is pytest's
+
+    def parse_request(self) -> bool:
+        """http.server's, for HTTP/1.0 and 1.1 (what the clients speak), its
+        header block read by `read_headers`."""
+        self.command = None  # as http.server: set in case of an error on the first line
+        self.request_version = self.default_request_version
+        self.close_connection = True
+        self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        words = self.requestline.split()
+        if len(words) != 3:
+            self.send_error(HTTPStatus.BAD_REQUEST, f"Bad request syntax ({self.requestline!r:.100})")
+            return False
+        command, path, version = words
+        if version.startswith("HTTP/"):
+            self.request_version = version  # the error below gets a status line
+        if version not in ("HTTP/1.0", "HTTP/1.1"):
+            self.send_error(
+                HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, f"HTTP version {version!r:.40} (1.0 or 1.1)"
+            )
+            return False
+        self.command, self.path, self.request_version = command, path, version
+        self.close_connection = version == "HTTP/1.0"
+        headers = read_headers(iter(lambda: self.rfile.readline(MAX_HEADER_LINE + 1), None))
+        if isinstance(headers, tuple):
+            self.send_error(*headers)
+            return False
+        self.headers = headers  # type: ignore[assignment]
+        conntype = headers.get("Connection", "").lower()
+        if conntype == "close":
+            self.close_connection = True
+        elif conntype == "keep-alive":
+            self.close_connection = False
+        if headers.get("Expect", "").lower() == "100-continue" and version == "HTTP/1.1":
+            return self.handle_expect_100()
+        return True
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The `Date` header, formatted once a second (http.server formats it for every response)."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        now = int(time.time())
+        if _DATE[0] != now:
+            _DATE[:] = [now, super().date_time_string(now)]
+        return str(_DATE[1])
 
     def setup(self) -> None:
         super().setup()

@@ -79,6 +79,7 @@ class Episode:
     seen: dict[str, int] = field(default_factory=dict)  # per request digest, how often it was asked
     lock: threading.Lock = field(default_factory=threading.Lock)
     _last_turn: str | None = None  # digest of the last turn's request
+    spent: int = 0  # prompt and completion tokens of every turn so far (a count left out: 0)
 
     @property
     def name(self) -> str:
@@ -153,7 +154,8 @@ class Episode:
                     "completion_tokens": answer.completion_tokens,
                 }
             )
-            spent = self.tokens()
+            self.spent += (answer.prompt_tokens or 0) + (answer.completion_tokens or 0)
+            spent = self.spent
         budget = runner.task.max_tokens_per_episode
         if budget is not None and spent > budget:
             raise self.fail(
@@ -192,6 +194,9 @@ class Episode:
                 start = len(known)
             if tools == last["tools"]:
                 tools = []
+        # NaN and infinities come out of orjson as null: walk the new part only when it holds one.
+        if b"null" not in orjson.dumps((messages[start:], tools, sampling), option=orjson.OPT_NON_STR_KEYS):
+            return
         for n in range(start, len(messages)):
             check_finite(messages[n], f"['context'][{n}]")
         check_finite(tools, "['tools']")
@@ -209,10 +214,6 @@ class Episode:
             del content["context"]
             content["after"], content["added"] = self._last_turn, messages[len(prev) :]
         return content
-
-    def tokens(self) -> int:
-        """Prompt and completion tokens of every turn so far (a count the provider left out: 0)."""
-        return sum((t["prompt_tokens"] or 0) + (t["completion_tokens"] or 0) for t in self.turns)
 
     def tool_slot(self, call: Mapping[str, Any]) -> ToolSlot:
         if self.failure is not None:

@@ -5,8 +5,10 @@
 `TurnBatcher`, which hands the provider one batch of every turn waiting
 (through `generation.stream_into_journal`, so retries, the per-turn timeout
 and the journal rows are the ones every generation gets). Every model turn
-and every tool result is a row of `<task>-turns-journal.jsonl` the moment it
-exists, keyed by episode, turn and the digest of what was sent; under
+is a row of `<task>-turns-journal.jsonl` the moment it arrives, every tool
+result one written at the latest with the next batch, before that batch
+reaches the provider (one write for the batch's tool results, not one per
+tool), keyed by episode, turn and the digest of what was sent; under
 `--resume` an episode re-runs its agent, each call that matches its
 recorded row is answered from there (a tool's result without running the
 tool), and from the first that does not the episode is live. A replay
@@ -74,6 +76,7 @@ class EpisodeRunner:
             self.saved = transcripts.SavedEpisodes.read(settings.predictions, name)
         self.pv = ctx.provider_digest
         self.mode = Mode(ctx.run_id, ctx.resuming, self.saved is not None, settings.max_attempts)
+        self._unrecorded = answer_source(self.mode, None, None)  # a call the journal holds nothing of
         self.batcher = TurnBatcher(self._generate)
         # A turn in flight's digest, row content and journal id, by its request's instance id.
         self.asked: dict[str, tuple[str, dict[str, Any], str]] = {}
@@ -94,7 +97,10 @@ class EpisodeRunner:
         turns journal), and the journal's answer when it is there."""
         with self.lock:
             index = self.turns.index
-            found = answer_source(self.mode, index.latest_gen(key, rq, pv), index.latest_fail(key, rq, pv))
+            gen, fail = index.latest_gen(key, rq, pv), index.latest_fail(key, rq, pv)
+            if gen is None and fail is None:
+                return self._unrecorded, None  # a live run's every turn: nothing to weigh
+            found = answer_source(self.mode, gen, fail)
             return found, None if found.gen is None else index.generation(found.gen)
 
     def record_tool(self, key: RolloutKey, rq: str, slot: ToolSlot, text: str) -> None:
@@ -104,12 +110,14 @@ class EpisodeRunner:
             rows = self.turns.provider_rows(TOOL_PV, TOOL_IDENTITY)
             rows += self.turns.request_rows(rq, {"request_type": "tool", "call": slot.call})
             rows.append(self.turns.gen(key, rq, TOOL_PV, Generation(text=text)))
-            self.turns.add(rows)
+            self.turns.hold(rows)  # written before this episode's next turn is asked, with its batch
 
     def _generate(self, requests: list[Request]) -> list[Generation | Failure]:
         """One batch of turns into the turns journal; each turn's answer as it
         was written, or its final failure."""
         asked = {r.instance_id: self.asked.pop(r.instance_id) for r in requests}
+        # The tool results these episodes held: on disk before their turns reach the provider.
+        self.turns.write_held()
         answers: dict[str, Generation | Failure] = {}  # by journal id
         stream_into_journal(  # each of its writes takes the turns recorder's mutex
             self.turns,
@@ -241,7 +249,11 @@ class EpisodeRunner:
             )
             self.turns.add(rows)
             task = self.task
-            main = recorder.request_rows(rq, request_content(task.request(task.instance(key[1]))))
+            main = (  # the request rendered only when the journal lacks its row (once per instance)
+                []
+                if recorder.has_request(rq)
+                else recorder.request_rows(rq, request_content(task.request(task.instance(key[1]))))
+            )
             if final:
                 main.append(recorder.gen(key, rq, self.pv, episode.final(answer)))
             else:
@@ -259,6 +271,8 @@ class EpisodeRunner:
         """The keys whose episode this run answered wholly from an earlier
         run's journal rows: their final answer is this run's row, but nothing
         was generated for it, so the summary counts them reused."""
+        if not self.ctx.resuming:
+            return set()  # a run without --resume answers from nothing earlier (`generated` is True)
         with self.lock:
             self.turns.flush()
             index = self.turns.index

@@ -27,7 +27,7 @@ from pytest_evalreplay.model import Generation, Request
 WINDOW = 0.05  # seconds a batch waits for the other running episodes' turns
 
 
-@dataclass
+@dataclass(slots=True)  # one per turn
 class _Ask:
     """One turn waiting: its episode's thread blocks on `ready` (held from
     the start) until its answer is in `result`. A batch's answers wake their
