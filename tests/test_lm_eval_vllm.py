@@ -31,33 +31,31 @@ pytestmark = [
 ]
 
 
-def hf_samples(out: Path) -> dict[int, list[float]]:
-    """Each document's per-choice log-likelihoods from lm-eval's samples file."""
-    (path,) = sorted(out.rglob("samples_tiny_mc_*.jsonl"))
-    found = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        found[row["doc_id"]] = [float(r[0][0]) for r in row["resps"]]
-    return found
+def hf_responses(out: Path, task: str) -> dict[int, list]:
+    """Each document's responses (`resps`) from lm-eval's samples file of `task`."""
+    (path,) = sorted(out.rglob(f"samples_{task}_*.jsonl"))
+    rows = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines())
+    return {row["doc_id"]: row["resps"] for row in rows}
 
 
-def test_mc_on_vllm_equals_lm_evals_hf_model_on_the_same_weights(
-    tmp_path: Path, tiny_llama: Path, vllm_options: list[str]
-) -> None:
-    write_tiny_mc(tmp_path / "tasks", n=16)
-    (tmp_path / "test_lm.py").write_text(MODULE.format(name="tiny_mc", extra=""), encoding="utf-8")
-    env = child_env(**lm_eval_env(tmp_path / "hf"))
+def run_ours(tmp_path: Path, task: str, options: list[str]) -> dict[str, float]:
+    """The task through the plugin's vllm provider; its metrics file."""
+    (tmp_path / "test_lm.py").write_text(MODULE.format(name=task, extra=""), encoding="utf-8")
     done = subprocess.run(
-        [*PYTEST, "-q", "test_lm.py", *vllm_options, "--evalreplay-output=run"],
+        [*PYTEST, "-q", "test_lm.py", *options, "--evalreplay-output=run"],
         cwd=tmp_path,
-        env=env,
+        env=child_env(**lm_eval_env(tmp_path / "hf")),
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ours = orjson.loads((tmp_path / "run" / "tiny_mc-metrics.json").read_bytes())["metrics"]
+    return orjson.loads((tmp_path / "run" / f"{task}-metrics.json").read_bytes())["metrics"]
 
+
+def run_hf(tmp_path: Path, tiny_llama: Path, task: str, model_args: str = "") -> dict[str, float]:
+    """The task through lm-eval's own `hf` model on the same weights, samples
+    logged under tmp_path/hf-out; its results for the task."""
     hf = [
         sys.executable,
         "-m",
@@ -65,11 +63,11 @@ def test_mc_on_vllm_equals_lm_evals_hf_model_on_the_same_weights(
         "--model",
         "hf",
         "--model_args",
-        f"pretrained={tiny_llama},dtype=float32",
+        f"pretrained={tiny_llama},dtype=float32{model_args}",
         "--device",
         "cpu",
         "--tasks",
-        "tiny_mc",
+        task,
         "--include_path",
         str(tmp_path / "tasks"),
         "--batch_size",
@@ -80,18 +78,34 @@ def test_mc_on_vllm_equals_lm_evals_hf_model_on_the_same_weights(
     ]
     theirs = subprocess.run(hf, env=lm_eval_env(tmp_path / "hf"), capture_output=True, text=True, timeout=900)
     assert theirs.returncode == 0, theirs.stderr[-3000:]
-    results = lm_eval_results(tmp_path / "hf-out")["results"]["tiny_mc"]
+    return lm_eval_results(tmp_path / "hf-out")["results"][task]
+
+
+def predictions(tmp_path: Path, task: str) -> list[dict]:
+    """The rows of our run's predictions file."""
+    return [
+        orjson.loads(line)
+        for line in (tmp_path / "run" / f"{task}-predictions.jsonl").read_bytes().splitlines()
+    ]
+
+
+def test_mc_on_vllm_equals_lm_evals_hf_model_on_the_same_weights(
+    tmp_path: Path, tiny_llama: Path, vllm_options: list[str]
+) -> None:
+    write_tiny_mc(tmp_path / "tasks", n=16)
+    ours = run_ours(tmp_path, "tiny_mc", vllm_options)
+    results = run_hf(tmp_path, tiny_llama, "tiny_mc")
     assert set(ours) == {"acc", "acc_norm"}
     assert ours["acc"] == pytest.approx(results["acc,none"], abs=1e-4)
     assert ours["acc_norm"] == pytest.approx(results["acc_norm,none"], abs=1e-4)
 
     # the numbers under the accuracies: each choice's log-likelihood, engine against transformers
-    rows = [
-        orjson.loads(line)
-        for line in (tmp_path / "run" / "tiny_mc-predictions.jsonl").read_bytes().splitlines()
-    ]
+    rows = predictions(tmp_path, "tiny_mc")
     lls = {int(r["instance_id"]): [ll for ll, _ in r["generations"][0]["loglikelihoods"]] for r in rows}
-    expected = hf_samples(tmp_path / "hf-out")
+    expected = {
+        d: [float(r[0][0]) for r in resps]
+        for d, resps in hf_responses(tmp_path / "hf-out", "tiny_mc").items()
+    }
     assert set(lls) == set(expected)
     for doc_id, values in lls.items():
         assert values == pytest.approx(expected[doc_id], abs=1e-3), doc_id
@@ -102,55 +116,16 @@ def test_rolling_windows_on_vllm_equal_lm_evals_hf_model_on_the_same_windows(
 ) -> None:
     short = {**engine_args, "max_model_len": 24}  # windows of 22 scored tokens: texts need several
     write_tiny_ppl(tmp_path / "tasks", n=6, words=(20, 50))
-    (tmp_path / "test_lm.py").write_text(MODULE.format(name="tiny_ppl", extra=""), encoding="utf-8")
-    env = child_env(**lm_eval_env(tmp_path / "hf"))
     options = [f"--evalreplay-engine-arg={k}={orjson.dumps(v).decode()}" for k, v in short.items()]
-    model = [f"--evalreplay-model={tiny_llama}", *options, "--evalreplay-output=run"]
-    done = subprocess.run(
-        [*PYTEST, "-q", "test_lm.py", "--evalreplay-provider=vllm", *model],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    ours = run_ours(
+        tmp_path, "tiny_ppl", ["--evalreplay-provider=vllm", f"--evalreplay-model={tiny_llama}", *options]
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ours = orjson.loads((tmp_path / "run" / "tiny_ppl-metrics.json").read_bytes())["metrics"]
-    hf = [
-        sys.executable,
-        "-m",
-        "lm_eval",
-        "--model",
-        "hf",
-        "--model_args",
-        f"pretrained={tiny_llama},dtype=float32,max_length=22",  # vllm's windows: max_model_len - 2
-        "--device",
-        "cpu",
-        "--batch_size",
-        "1",
-        "--tasks",
-        "tiny_ppl",
-        "--include_path",
-        str(tmp_path / "tasks"),
-        "--output_path",
-        str(tmp_path / "vllm-out"),
-        "--log_samples",
-    ]
-    theirs = subprocess.run(hf, env=lm_eval_env(tmp_path / "hf"), capture_output=True, text=True, timeout=900)
-    assert theirs.returncode == 0, theirs.stderr[-3000:]
-    results = lm_eval_results(tmp_path / "vllm-out")["results"]["tiny_ppl"]
+    results = run_hf(tmp_path, tiny_llama, "tiny_ppl", ",max_length=22")  # vllm's windows: max_model_len - 2
     for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
         assert ours[metric] == pytest.approx(results[f"{metric},none"], rel=1e-4), metric
-    rows = [
-        orjson.loads(line)
-        for line in (tmp_path / "run" / "tiny_ppl-predictions.jsonl").read_bytes().splitlines()
-    ]
+    rows = predictions(tmp_path, "tiny_ppl")
     lls = {int(r["instance_id"]): r["generations"][0]["rolling"] for r in rows}
-    (path,) = sorted((tmp_path / "vllm-out").rglob("samples_tiny_ppl_*.jsonl"))
-    expected = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        expected[row["doc_id"]] = float(row["resps"][0][0])
+    expected = {d: float(resps[0][0]) for d, resps in hf_responses(tmp_path / "hf-out", "tiny_ppl").items()}
     assert set(lls) == set(expected)
     assert any(r["tokens"] > 22 for r in lls.values())  # some text was cut into windows
     for doc_id, rolling in lls.items():

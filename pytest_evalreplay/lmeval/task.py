@@ -180,33 +180,18 @@ class LmEvalMixin:
     def request(self, instance: Instance, stage: int = 1, rollouts: tuple[int, ...] = ()) -> Request:
         self.lm_eval  # noqa: B018 - loads
         doc = self._docs[instance["id"]]
+        common = {"task": self.name, "instance_id": instance["id"], "context": doc.context}
         if doc.rolling:
-            return Request(
-                task=self.name,
-                instance_id=instance["id"],
-                context=doc.context,
-                request_type="loglikelihood_rolling",
-                stage=stage,
-                rollouts=rollouts,
-            )
+            return Request(**common, request_type="loglikelihood_rolling", stage=stage, rollouts=rollouts)
         if doc.continuations:
             return Request(
-                task=self.name,
-                instance_id=instance["id"],
-                context=doc.context,
+                **common,
                 request_type="loglikelihood",
                 stage=stage,
                 rollouts=rollouts,
                 continuations=doc.continuations,
             )
-        return Request(
-            task=self.name,
-            instance_id=instance["id"],
-            context=doc.context,
-            sampling=self._sampling(doc),
-            stage=stage,
-            rollouts=rollouts,
-        )
+        return Request(**common, sampling=self._sampling(doc), stage=stage, rollouts=rollouts)
 
     # -- scoring ---------------------------------------------------------------
 
