@@ -6,6 +6,14 @@ interleaved so that both see the same machine:
 
 - load: `ReplayProvider.from_path(dir)`
 - bare: reading the same files and `orjson.loads` of every line, nothing kept
+- floor: the least the load's work requires, written as tightly as the load
+  (C-level passes, the collector paused): each requests row decoded (its
+  prompt is the key, compared exactly), each prompt a dict key, the
+  predictions' line ends found and each predictions row's beginning compared
+  with its request's id (the join); no checks, no sampling, nothing else kept.
+  Printed as the RESULT line's `floor` key (issue #34's rule for a goal that
+  cannot be met): the speed of the floor against the bare parse, the bound
+  on what the load can reach.
 
 and, in fresh subprocesses, the peak memory (VmHWM growth) of each against
 the files' total size. Goals (issue #22): load >= 0.90x the speed of the
@@ -27,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 
 import orjson
@@ -91,21 +101,61 @@ def load(directory: Path) -> int:
     return len(ReplayProvider.from_path(directory).index)
 
 
-def median_times(directory: Path, repeats: int) -> tuple[float, float, float]:
-    """Median wall times of the bare parse and of the load, run in turns so
-    that both see the same machine (other processes, caches), and the median
-    of the per-turn ratios (bare / load), which slow spells of the machine
-    move less."""
+_JOIN = itemgetter("instance_id", "context", "system_prompt")
+FLOOR_BLOCK = 256  # rows, as the load's blocks
+
+
+def floor(directory: Path) -> int:
+    """The least the load's work requires (see the module's docstring)."""
+    import numpy as np
+
+    from pytest_evalreplay.formats import promote_to_oldest
+
+    keys: dict[tuple[str, str | None], int] = {}
+    gc.disable()
+    try:
+        for requests in sorted(directory.glob("*-requests.jsonl")):
+            data = requests.with_name(requests.name.replace("-requests.", "-predictions.")).read_bytes()
+            ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+            starts = [0, *(ends[:-1] + 1).tolist()]
+            lines = requests.read_bytes().splitlines()
+            for a in range(0, len(lines), FLOOR_BLOCK):  # a block at a time: its rows stay in the cache
+                block = lines[a : a + FLOOR_BLOCK]
+                ids, contexts, systems = zip(*map(_JOIN, map(orjson.loads, block)), strict=True)
+                heads = map(b"".join, zip(repeat(b'{"instance_id":"'), map(str.encode, ids), repeat(b'"')))
+                if not all(map(bytes.startswith, repeat(data), heads, starts[a : a + FLOOR_BLOCK])):
+                    raise ValueError(f"{requests}: not in step with its predictions")
+                base = len(keys)
+                keys.update(
+                    zip(zip(contexts, systems, strict=True), range(base, base + len(ids)), strict=True)
+                )
+    finally:
+        promote_to_oldest()
+        gc.enable()
+    return len(keys)
+
+
+def median_times(directory: Path, repeats: int) -> tuple[float, float, float, float]:
+    """Median CPU times (this thread's: the machine is shared) of the bare
+    parse, the load and the floor, run in turns so that all see the same
+    machine (other processes, caches), and the median of the per-turn
+    ratios (bare / load), which slow spells of the machine move less."""
     bare: list[float] = []
     loaded: list[float] = []
+    floors: list[float] = []
     for _ in range(repeats):
-        for fn, times in ((bare_parse, bare), (load, loaded)):
+        for fn, times in ((bare_parse, bare), (load, loaded), (floor, floors)):
             gc.collect()
-            start = time.perf_counter()
+            start = time.thread_time()
             fn(directory)
-            times.append(time.perf_counter() - start)
+            times.append(time.thread_time() - start)
     ratios = [b / x for b, x in zip(bare, loaded, strict=True)]
-    return statistics.median(bare), statistics.median(loaded), statistics.median(ratios)
+    return (
+        statistics.median(bare),
+        statistics.median(loaded),
+        statistics.median(ratios),
+        statistics.median(floors),
+    )
 
 
 _MEASURE = """
@@ -157,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="evalreplay-bench-") as tmp:
         directory = Path(tmp)
         size = write_run_dir(directory, args.rows, args.files)
-        bare, loaded, ratio = median_times(directory, args.repeats)
+        bare, loaded, ratio, least = median_times(directory, args.repeats)
         result = {
             "rows": args.rows,
             "files_mb": size / 1e6,
@@ -166,6 +216,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             "load_s": loaded,
             "speed_vs_bare": bare / loaded,
             "speed_vs_bare_per_turn": ratio,
+            "floor_s": least,
+            "floor_vs_bare": bare / least,
         }
         mem_load = None if args.no_memory else peak_memory_growth("load", directory)
         if mem_load is not None:
@@ -179,9 +231,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             )
     print(f"rows {args.rows:,} in {args.files} tasks, {size / 1e6:.1f} MB of requests + predictions")
     print(
-        f"median of {args.repeats}: bare orjson parse {bare:.3f} s   ReplayProvider.from_path {loaded:.3f} s"
+        f"CPU, median of {args.repeats}: bare orjson parse {bare:.3f} s   "
+        f"ReplayProvider.from_path {loaded:.3f} s"
     )
     print(f"speed: {bare / loaded:.2f}x of bare (goal >= {SPEED_GOAL}x); median per-turn ratio {ratio:.2f}x")
+    print(
+        f"floor (decode each requests row, key its prompt, join each predictions row by its id): "
+        f"{least:.3f} s = {bare / least:.2f}x of bare; the load is {least / loaded:.2f}x of the floor's speed"
+    )
     if "load_peak_mb" in result:
         print(
             f"peak memory: {result['load_peak_vs_files']:.2f}x the files (goal <= {MEMORY_GOAL}x): load "
@@ -209,6 +266,7 @@ def report_row(result: dict[str, float]) -> None:
         f"{result['speed_vs_bare']:.2f}x{memory}",
         f">= {SPEED_GOAL}x; memory <= {MEMORY_GOAL}x",
         met(result),
+        floor=f"{result['floor_vs_bare']:.2f}x of bare ({result['floor_s']:.2f} s)",
     )
 
 

@@ -597,3 +597,53 @@ def test_a_requests_file_with_a_byte_order_mark_reads_the_same(tmp_path: Path) -
     assert sorted(provider.index.keys) == [f"question {i}" for i in range(3)]
     (save,) = provider.index.rows(("question 2", None))
     assert save.generations[0].text == "answer 2"
+
+
+def _run_dir_with_system_prompts(directory: Path, n: int) -> Path:
+    """A run dir whose index holds `n` (context, system prompt) pairs: tuples, which the collector tracks."""
+    requests = [req(f"q{i}", f"question {i}", system_prompt="Be brief.") for i in range(n)]
+    jsonl(directory / "t-requests.jsonl", [request_row_of(r) for r in requests])
+    jsonl(
+        directory / "t-predictions.jsonl",
+        [native_pred(r.instance_id, f"answer {i}") for i, r in enumerate(requests)],
+    )
+    return directory
+
+
+def test_the_next_young_collection_does_not_walk_a_loaded_index(tmp_path: Path) -> None:
+    """The index lives on: left in the youngest generation, the first collection
+    after the load would walk every key (0.25 s at 1M rows), for nothing."""
+    import gc
+
+    _run_dir_with_system_prompts(tmp_path, 5000)
+    walked: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] < 2:
+            walked.append(info["generation"])
+
+    gc.collect()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.callbacks.append(note)
+    try:
+        provider = ReplayProvider.from_path(tmp_path)
+    finally:
+        gc.callbacks.remove(note)
+    assert walked == [] and gc.get_count()[0] < 700 and gc.get_freeze_count() == 0
+    assert len(provider.index) == 5000
+    saved = provider.index.rows(("question 4999", "Be brief."))
+    assert [g.text for g in saved[0].generations] == ["answer 4999"]
+
+
+def test_a_load_leaves_objects_frozen_by_others_frozen(tmp_path: Path) -> None:
+    import gc
+
+    _run_dir_with_system_prompts(tmp_path, 50)
+    gc.collect()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert len(ReplayProvider.from_path(tmp_path).index) == 50
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
