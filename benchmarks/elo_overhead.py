@@ -12,6 +12,14 @@ processes.
 Goal: the EloEval's CPU within 1.3x of bare pytest's. Reported: median CPU
 time (user + system of the pytest process), wall time and peak RSS of each
 side, their ratios and the pairs' range.
+
+The floor, a third side in the same rounds: bare pytest making the same calls
+plus the least the rating needs, the fits an EloEval reports: after each stage
+the Bradley-Terry fit of the judgments so far with its Fisher error (what the
+next stage picks references by and the stage table shows), and the final fit
+with its 1,000-resample task bootstrap, all with numpy and scipy.special (the
+project's fit, `numbers/elo/fit.py`, imported as the EloEval imports it).
+Printed as the RESULT line's `floor` (its CPU over bare's).
 """
 
 from __future__ import annotations
@@ -78,6 +86,46 @@ def test_judged(n):
 )
 
 
+# The floor: the bare test, keeping each judgment (task, reference, score,
+# stage), and the session's end fitting them stage by stage as an EloEval does.
+_FLOOR_TEST = (
+    """
+import orjson
+import pytest
+"""
+    + _JUDGE
+    + """
+POOL = [orjson.loads(line) for line in open("pool.jsonl", "rb")]
+ROWS = [map(orjson.loads, open(f"ref{{r}}-predictions.jsonl", "rb")) for r in range({refs})]
+ANSWERS = [
+    (f"ref{{r}}", {{row["instance_id"]: row["generations"][0]["text"] for row in rows}})
+    for r, rows in enumerate(ROWS)
+]
+JUDGED = []
+
+
+@pytest.mark.parametrize("n", range({items}))
+def test_judged(n):
+    instance = POOL[n // {samples}]
+    stage = 1 + n // {per_stage_items}
+    for name, answers in ANSWERS:
+        JUDGED.append((instance["id"], name, judge(instance, "ok", answers[instance["id"]]), stage))
+"""
+)
+
+_FLOOR_CONFTEST = """
+def pytest_sessionfinish(session):
+    from test_bare import JUDGED
+
+    from pytest_evalreplay.numbers.elo.fit import cumulative_fits, fit_elo
+    from pytest_evalreplay.numbers.elo.table import tabulate
+
+    references = {{f"ref{{r}}": 800.0 + 100 * r for r in range({refs})}}
+    cumulative_fits(JUDGED, references, num_stages={stages}, n_boot=0, seed=1)
+    fit_elo(tabulate(JUDGED, references), n_boot=1000, seed=1)
+"""
+
+
 def write_data(root: Path, items: int) -> None:
     """The pool (one task per item) and each reference's saved answers."""
     root.mkdir(parents=True, exist_ok=True)
@@ -107,9 +155,9 @@ def write_data(root: Path, items: int) -> None:
         (root / f"ref{r}-requests.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in requests))
 
 
-def projects(tmp: Path, items: int, samples: int = 1) -> tuple[Path, Path]:
-    elo, bare = tmp / f"elo-{items}", tmp / f"bare-{items}"
-    for root in (elo, bare):
+def projects(tmp: Path, items: int, samples: int = 1) -> tuple[Path, Path, Path]:
+    elo, bare, floor = tmp / f"elo-{items}", tmp / f"bare-{items}", tmp / f"floor-{items}"
+    for root in (elo, bare, floor):
         write_data(root, items // samples)
     (elo / "conftest.py").write_text(CONFTEST)
     per_stage = items // samples // STAGES
@@ -117,27 +165,32 @@ def projects(tmp: Path, items: int, samples: int = 1) -> tuple[Path, Path]:
         _EVAL.format(refs=REFERENCES, per_stage=per_stage, stages=STAGES, samples=samples)
     )
     (bare / "test_bare.py").write_text(_BARE.format(refs=REFERENCES, items=items, samples=samples))
-    return elo, bare
+    (floor / "test_bare.py").write_text(
+        _FLOOR_TEST.format(refs=REFERENCES, items=items, samples=samples, per_stage_items=items // STAGES)
+    )
+    (floor / "conftest.py").write_text(_FLOOR_CONFTEST.format(refs=REFERENCES, stages=STAGES))
+    return elo, bare, floor
 
 
-def compare(tmp: Path, items: int, runs: int, samples: int) -> Compared:
-    elo, bare = projects(tmp, items, samples)
+def compare(tmp: Path, items: int, runs: int, samples: int) -> tuple[Compared, Compared]:
+    """(EloEval vs bare, floor vs bare): the three sides in turn, each round in
+    another order, so load drifts hit all alike."""
+    elo, bare, floor = projects(tmp, items, samples)
     args = ["--evalreplay-provider=instant"]
     run_pytest(elo, [*args, f"--evalreplay-output={tmp / 'warm'}"])  # warm the caches
     run_pytest(bare, BARE)
-    plugin: list[Measure] = []
-    baseline: list[Measure] = []
-    for n in range(runs):  # alternate which goes first, so load drifts hit both alike
-        for side in ("plugin", "bare") if n % 2 == 0 else ("bare", "plugin"):
+    run_pytest(floor, BARE)
+    sides: dict[str, list[Measure]] = {"plugin": [], "bare": [], "floor": []}
+    orders = [("plugin", "bare", "floor"), ("bare", "floor", "plugin"), ("floor", "plugin", "bare")]
+    for n in range(runs):
+        for side in orders[n % len(orders)]:
             if side == "plugin":
                 m = run_pytest(elo, [*args, f"--evalreplay-output={tmp / f'out-{n}'}"])
-                expect_in(m, f"{items} passed")
-                plugin.append(m)
             else:
-                m = run_pytest(bare, BARE)
-                expect_in(m, f"{items} passed")
-                baseline.append(m)
-    return Compared(plugin, baseline)
+                m = run_pytest(bare if side == "bare" else floor, BARE)
+            expect_in(m, f"{items} passed")
+            sides[side].append(m)
+    return Compared(sides["plugin"], sides["bare"]), Compared(sides["floor"], sides["bare"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if items % (args.samples * STAGES):
         parser.error(f"--items must be a multiple of {STAGES} x --samples")
     with tempfile.TemporaryDirectory() as tmp:
-        result = compare(Path(tmp), items, runs, args.samples)
+        result, floor = compare(Path(tmp), items, runs, args.samples)
     print(
         f"EloEval, {items:,} items ({args.samples} per task), {REFERENCES * items:,} judgments, "
         f"vs bare pytest: median of {runs} pairs"
@@ -164,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     print(result.line("cpu", "CPU", "s", "elo", "bare"))
     print(result.line("wall", "wall", "s", "elo", "bare"))
     print(result.line("maxrss_mib", "peak RSS", "MiB", "elo", "bare"))
+    print(floor.line("cpu", "floor CPU", "s", "floor", "bare"))
+    print(
+        "  floor    : bare + each stage's fit and the final bootstrap (numpy, scipy.special); "
+        f"EloEval over floor {result.median('a', 'cpu') / floor.median('a', 'cpu'):.3f}x"
+    )
     ok = result.ratio("cpu") <= GOAL
     print(f"  goal: CPU <= {GOAL}x -> {verdict(ok)}")
     report(
@@ -175,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         ok,
         items=items,
         judgments=REFERENCES * items,
+        floor=f"{floor.ratio('cpu'):.2f}x ({floor.median('a', 'cpu'):.2f} s: bare + the fits, numpy, scipy)",
     )
     return 0 if ok else 1
 

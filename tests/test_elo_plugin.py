@@ -292,3 +292,27 @@ def test_each_reference_answer_is_read_once_a_session(pytester, monkeypatch):
     result = Project(pytester).run()
     assert result.returncode == 0, result.stdout + result.stderr
     assert len(reads) == len(set(reads)) == len(POOL) * len(REFERENCES)
+
+
+def test_a_pool_task_s_prompt_is_built_once_for_all_references(pytester, monkeypatch):
+    """#34: reading the references' answers builds each drawn task's request
+    once, not once per reference (the prompt is the same for all of them)."""
+    import collections
+    import importlib
+
+    from elo_project import POOL, REFERENCES
+
+    task = importlib.import_module("pytest_evalreplay.task")
+    calls: collections.Counter[str] = collections.Counter()
+    real = task.EvalTask.request
+
+    def counted(self, instance, *args, **kwargs):
+        calls[instance["id"]] += 1
+        return real(self, instance, *args, **kwargs)
+
+    monkeypatch.setattr(task.EvalTask, "request", counted)
+    result = Project(pytester).run()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(REFERENCES) >= 3 and set(calls) == {row["id"] for row in POOL}
+    # collection's rendering, the candidate's generation and the references' one lookup
+    assert max(calls.values()) <= 3, calls

@@ -54,6 +54,9 @@ def test_an_eval_session_imports_neither_numpy_nor_scipy(pytester: pytest.Pytest
     loaded = _modules(pytester)
     assert "pytest_evalreplay.numbers.stats" in loaded  # the interval was computed
     assert not {m for m in loaded if m.split(".")[0] in ("numpy", "scipy")}
+    # the agent machinery (episodes, the endpoint's HTTP server) waits for an agent task
+    agents = {"pytest_evalreplay.run.episodes", "pytest_evalreplay.run.endpoint", "pytest_evalreplay.agent"}
+    assert not agents & loaded
 
 
 def test_a_session_without_evals_imports_only_the_hooks_and_the_option_table(

@@ -25,6 +25,7 @@ from pytest_evalreplay.model import (
     EvalReplayError,
     Generation,
     GenerationError,
+    PromptKey,
     Request,
     digest,
     request_digest,
@@ -173,6 +174,7 @@ class Judging:
     # Each (reference, task)'s answer, read once: collection's check reads every
     # one the stages will judge with, so a stage decodes no saved row again.
     _answers: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    _prompts: dict[str, tuple[PromptKey, int]] = field(default_factory=dict)  # a task's (prompt, stage)
     _provider: tuple[Any, str, dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
@@ -201,10 +203,12 @@ class Judging:
                 message = str(exc).replace("--evalreplay-predictions", fix)
                 raise EvalReplayError(f"reference {reference!r}: {message}") from None
             self._references[reference] = index
-        pool = self.eval.pool
-        request = pool.request(pool.instance(task_id))
-        generation = first_answer(index, request.prompt_key, request.stage)
-        answer = None if generation is None else pool.postprocess(generation).text
+        prompt = self._prompts.get(task_id)
+        if prompt is None:  # one request per task: every reference answered the same prompt
+            request = self.eval.pool.request(self.eval.pool.instance(task_id))
+            prompt = self._prompts[task_id] = (request.prompt_key, request.stage)
+        generation = first_answer(index, *prompt)
+        answer = None if generation is None else self.eval.pool.postprocess(generation).text
         self._answers[(reference, task_id)] = answer
         return answer
 

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_evalreplay.journal import transcripts
 from pytest_evalreplay.journal.index import FailRef, GenRef, JournalIndex
@@ -26,11 +26,13 @@ from pytest_evalreplay.numbers import planning, sources
 from pytest_evalreplay.numbers.metrics import TaskOutcome
 from pytest_evalreplay.numbers.planning import Decisions, TaskPlan
 from pytest_evalreplay.run.context import RunContext
-from pytest_evalreplay.run.episodes import EpisodeRunner
 from pytest_evalreplay.run.execution import RolloutResult
 from pytest_evalreplay.run.generation import stream_into_journal
 from pytest_evalreplay.rundir import writer as rundir
 from pytest_evalreplay.task import EvalTask
+
+if TYPE_CHECKING:  # imported where an agent task runs: a session without one never loads it
+    from pytest_evalreplay.run.episodes import EpisodeRunner
 
 
 def open_recorder(
@@ -79,6 +81,8 @@ class Rollouts(ABC):
     def episodes(self) -> EpisodeRunner:
         """An agent task's episode runner (its turns journal), made on first use."""
         if self._episodes is None:
+            from pytest_evalreplay.run.episodes import EpisodeRunner
+
             self._episodes = EpisodeRunner(self.ctx, self.name, self.task, self.plan, self.recorder)
         return self._episodes
 
