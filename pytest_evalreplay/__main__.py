@@ -289,9 +289,14 @@ def _write_directly(out: Path, merged: Merged) -> str | None:
         f"wrote the run dir from the merged journals, keeping the shards' scores (no pytest run: no "
         f"task needs the suite's code; --rescore, a gate or a report would run it) into {out}"
     )
+    _say(lines)
+    return None
+
+
+def _say(lines: Sequence[str]) -> None:
+    """The merge's report on stdout, flushed before anything the suite's run prints."""
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
-    return None
 
 
 def _refused(exc: EvalReplayError) -> int:
@@ -346,8 +351,7 @@ class _MergeRun:
             f"writing the run dir: {shown} in {here} (every shard ran this suite) over {out}, "
             f"generating nothing, {scores} (a pytest run, as {self.why})"
         )
-        sys.stdout.write("\n".join(lines) + "\n")
-        sys.stdout.flush()
+        _say(lines)
         return None
 
 
