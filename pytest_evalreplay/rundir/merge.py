@@ -210,10 +210,26 @@ def _subject(row: Mapping[str, Any]) -> Any:
     return None
 
 
-def _canonical(data: bytes, starts: Sequence[int]) -> tuple[bytes, set[bytes]]:
+Starts = int | list[int]  # where a subject's lines start in its shard's journal: one, or several
+
+
+def _as_list(starts: Starts) -> list[int]:
+    return [starts] if isinstance(starts, int) else starts
+
+
+_PLACE_BITS = 32
+_PLACE = (1 << _PLACE_BITS) - 1
+
+
+def _packed(place: int, start: int) -> int:
+    """A subject's one line, at `start` in the journal of the shard at `place`, as one int."""
+    return start << _PLACE_BITS | place
+
+
+def _canonical(data: bytes, starts: Starts) -> tuple[bytes, set[bytes]]:
     """A subject's rows (their lines start at `starts` in `data`) as compared
     across shards (less their run): the newest, and all."""
-    every = [_without_run(orjson.loads(data[s : data.index(b"\n", s)])) for s in starts]
+    every = [_without_run(orjson.loads(data[s : data.index(b"\n", s)])) for s in _as_list(starts)]
     return every[-1], set(every)
 
 
@@ -277,16 +293,24 @@ def merge_journal(name: str, parts: Iterable[tuple[str, Take]], notes: list[str]
     # (newest, all) as compared): the comparable form is made only when a second
     # shard decides the subject too (a rollout belongs to one shard, so mostly
     # never), from the first shard's journal, taken again then, once per shard pair.
-    newest: dict[bytes, tuple[int, list[int], tuple[bytes, set[bytes]] | None]] = {}
+    # A subject of one line that no second shard decided is one int (`_packed`).
+    newest: dict[bytes, int | tuple[int, Starts, tuple[bytes, set[bytes]] | None]] = {}
     task = name.removesuffix("-journal.jsonl")
     for label, take in parts:
         data = take()
         spans: list[tuple[int, int]] = []
-        mine: dict[bytes, list[int]] = {}
+        mine: dict[bytes, Starts] = {}
         for start, end, row in _rows(label, name, data, notes):
             subject = _subject(row)
             if subject is not None:
-                mine.setdefault(_digest(orjson.dumps(subject)), []).append(start)
+                digest = _digest(orjson.dumps(subject))
+                known = mine.get(digest)
+                if known is None:
+                    mine[digest] = start
+                elif isinstance(known, int):
+                    mine[digest] = [known, start]
+                else:
+                    known.append(start)
             line = data[start:end]
             identity = _identity(row, line[:-1])
             if identity not in seen:
@@ -302,8 +326,10 @@ def merge_journal(name: str, parts: Iterable[tuple[str, Take]], notes: list[str]
         for subject, starts in mine.items():
             other = newest.get(subject)
             if other is None:
-                newest[subject] = (here, starts, None)
+                newest[subject] = _packed(here, starts) if isinstance(starts, int) else (here, starts, None)
                 continue
+            if isinstance(other, int):
+                other = (other & _PLACE, other >> _PLACE_BITS, None)
             if other[2] is None:
                 if other[0] not in earlier:
                     earlier[other[0]] = taken[other[0]][1]()
@@ -312,7 +338,8 @@ def merge_journal(name: str, parts: Iterable[tuple[str, Take]], notes: list[str]
                 other_last, other_every = other[2]
             last, every = _canonical(data, starts)
             if other_last != last and other_last not in every and last not in other_every:
-                what, *key = _subject(orjson.loads(data[starts[-1] : data.index(b"\n", starts[-1])]))
+                first = _as_list(starts)[0]
+                what, *key = _subject(orjson.loads(data[first : data.index(b"\n", first)]))
                 raise EvalReplayError(
                     f"{taken[other[0]][0]} and {label} hold conflicting results for one rollout: {what} "
                     f"{_shown(key)} in {task!r} differs ({name}); a rollout belongs to one shard: was one "
