@@ -161,6 +161,56 @@ for path in sys.argv[1:]:
 """
 
 
+# The floor: the least a merge that writes this run dir must do, in one process
+# (argv: OUT, then each shard dir). Read every shard's marker (the instance order
+# and each instance's request; the shards' must agree) and decode every journal
+# row once with orjson; copy the rows (less headers) to the merged journal as
+# they are read, keeping of each only where it landed; then write the requests
+# and predictions rows, in instance order, from those lines read back by position
+# (mapped, not read whole),
+# and the metrics' mean. No checks, no dedup, no refusals: less than the merge
+# owes, never more.
+FLOOR = """
+import mmap, os, sys, orjson
+from pathlib import Path
+out, dirs = Path(sys.argv[1]), [Path(d) for d in sys.argv[2:]]
+out.mkdir()
+config = orjson.loads((dirs[0] / "evalreplay-shard.json").read_bytes())["tasks"]["t"]
+for d in dirs[1:]:
+    assert orjson.loads((d / "evalreplay-shard.json").read_bytes())["tasks"]["t"] == config
+order, n = config["rundir"]["order"], config["rundir"]["num_samples"]
+at, where, loads = {"request": {}, "gen": {}, "score": {}}, 0, orjson.loads
+with open(out / "t-journal.jsonl", "wb") as merged:
+    merged.write(orjson.dumps({"type": "header", "task": "t", "run": "merged"}) + b"\\n")
+    for d in dirs:
+        for line in open(d / "t-journal.jsonl", "rb"):
+            row = loads(line)
+            kind = row["type"]
+            if kind == "header":
+                continue
+            where = merged.tell()
+            merged.write(line)
+            if kind == "request":
+                at[kind][row["digest"]] = where
+            elif kind in at:
+                at[kind][row["instance_id"]] = where
+data = mmap.mmap(os.open(out / "t-journal.jsonl", os.O_RDONLY), 0, prot=mmap.PROT_READ)
+def row(kind, key):
+    start = at[kind][key]
+    return loads(data[start : data.find(b"\\n", start)])
+total, dumps, nl = 0.0, orjson.dumps, orjson.OPT_APPEND_NEWLINE
+with open(out / "t-requests.jsonl", "wb") as requests, open(out / "t-predictions.jsonl", "wb") as predictions:
+    for iid, rq in order:
+        request = row("request", rq)["request"]
+        requests.write(dumps({"instance_id": iid, **request, "num_samples": n}, option=nl))
+        scores = row("score", iid)["scores"]
+        total += scores["score"]
+        gen = row("gen", iid)["generation"]
+        predictions.write(dumps({"instance_id": iid, "generations": [gen], "scores": [scores]}, option=nl))
+(out / "t-metrics.json").write_bytes(dumps({"metrics": {"score": total / len(order)}}))
+"""
+
+
 def clean_rss(tmp: Path, argv: list[str]) -> Measure:
     """`run_child`, with the child's own peak RSS as GNU time reports it: a
     child forked from this process (which built the shards) starts with this
@@ -179,7 +229,7 @@ def merge_vs_read(tmp: Path, rollouts: int, pairs: int) -> None:
     dirs = synthetic_shards(tmp / "vs", rollouts, READ_SHARDS)
     journals = [str(d / "t-journal.jsonl") for d in dirs]
     rows = sum(len(Path(j).read_bytes().splitlines()) - 1 for j in journals)
-    merges, reads = [], []
+    merges, reads, floors = [], [], []
     for n in range(pairs):
         out = tmp / f"vs-merged-{n}"
         cmd = [
@@ -195,13 +245,23 @@ def merge_vs_read(tmp: Path, rollouts: int, pairs: int) -> None:
         merges.append(clean_rss(tmp, cmd))
         expect_in(merges[-1], "wrote the run dir from the merged journals")
         reads.append(clean_rss(tmp, [sys.executable, "-c", READ, *journals]))
-    both = Compared(merges, reads)
+        floors.append(clean_rss(tmp, [sys.executable, "-c", FLOOR, str(tmp / f"floor-{n}"), *map(str, dirs)]))
+    both, floor = Compared(merges, reads), Compared(floors, reads)
     print(f"merge of {READ_SHARDS} shards ({rows:,} journal rows) vs reading the journals with orjson")
     print(both.line("cpu", "CPU", "s", "merge", "read"))
     print(both.line("maxrss_mib", "peak RSS", "MiB", "merge", "read"))
+    print("  floor: the markers read, each row decoded once and copied, the run dir's rows written")
+    print(floor.line("cpu", "CPU", "s", "floor", "read"))
+    print(floor.line("maxrss_mib", "peak RSS", "MiB", "floor", "read"))
     cpu, rss = both.ratio("cpu"), both.ratio("maxrss_mib")
-    print(f"  goal <= {CPU_GOAL:g}x CPU: {verdict(cpu <= CPU_GOAL)}")
-    print(f"  goal <= {RSS_GOAL:g}x peak RSS: {verdict(rss <= RSS_GOAL)}")
+    floor_cpu, floor_rss = floor.ratio("cpu"), floor.ratio("maxrss_mib")
+    print(f"  goal <= {CPU_GOAL:g}x CPU: {verdict(cpu <= CPU_GOAL)} (the floor: {floor_cpu:.1f}x)")
+    print(f"  goal <= {RSS_GOAL:g}x peak RSS: {verdict(rss <= RSS_GOAL)} (the floor: {floor_rss:.1f}x)")
+    within = [
+        name
+        for name, got, goal in (("CPU", floor_cpu, CPU_GOAL), ("RSS", floor_rss, RSS_GOAL))
+        if got <= goal
+    ]
     report(
         f"merge-{READ_SHARDS}-shards",
         f"{both.median('b', 'cpu'):.2f} s / {both.median('b', 'maxrss_mib'):.1f} MiB",
@@ -210,6 +270,11 @@ def merge_vs_read(tmp: Path, rollouts: int, pairs: int) -> None:
         f"{CPU_GOAL:g}x / {RSS_GOAL:g}x",
         cpu <= CPU_GOAL and rss <= RSS_GOAL,
         rows=rows,
+        floor=(
+            f"{floor.median('a', 'cpu'):.2f} s / {floor.median('a', 'maxrss_mib'):.1f} MiB = "
+            f"{floor_cpu:.1f}x / {floor_rss:.1f}x (markers read, rows decoded once, run dir rows written; "
+            f"within the goal: {', '.join(within) or 'neither'})"
+        ),
     )
 
 

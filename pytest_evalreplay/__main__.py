@@ -271,14 +271,15 @@ def _write_directly(out: Path, merged: Merged) -> str | None:
     """The merged journals, then the run dir from them alone (`rundir/direct.py`);
     or why the suite's run must write it after all (the journals are in OUT then)."""
     from pytest_evalreplay.rundir.direct import new_run, outcomes, write_run_dir
-    from pytest_evalreplay.rundir.sharddir import write_merged_dir
+    from pytest_evalreplay.rundir.sharddir import paused_gc, write_merged_dir
 
     write_merged_dir(out, merged)
     run = new_run()
-    done, why = outcomes(out, merged, run)
-    if why is not None:
-        return why
-    write_run_dir(out, merged, done, run)
+    with paused_gc():
+        done, why = outcomes(out, merged, run)
+        if why is not None:
+            return why
+        write_run_dir(out, merged, done, run)
     lines = _merged_lines(out, merged)
     for task, (outcome, _) in done.items():
         lines.append(
@@ -289,9 +290,14 @@ def _write_directly(out: Path, merged: Merged) -> str | None:
         f"wrote the run dir from the merged journals, keeping the shards' scores (no pytest run: no "
         f"task needs the suite's code; --rescore, a gate or a report would run it) into {out}"
     )
+    _say(lines)
+    return None
+
+
+def _say(lines: Sequence[str]) -> None:
+    """The merge's report on stdout, flushed before anything the suite's run prints."""
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
-    return None
 
 
 def _refused(exc: EvalReplayError) -> int:
@@ -346,8 +352,7 @@ class _MergeRun:
             f"writing the run dir: {shown} in {here} (every shard ran this suite) over {out}, "
             f"generating nothing, {scores} (a pytest run, as {self.why})"
         )
-        sys.stdout.write("\n".join(lines) + "\n")
-        sys.stdout.flush()
+        _say(lines)
         return None
 
 

@@ -112,7 +112,7 @@ def test_transcripts_read_for_replay_and_for_the_report(tmp_path: Path) -> None:
 def test_a_shard_s_journal_when_merged() -> None:
     refused(
         "shards/1/t-journal.jsonl:2",
-        lambda: merge_journal("t-journal.jsonl", [("shards/1", lines(HEADER, LONG))], []),
+        lambda: merge_journal("t-journal.jsonl", [("shards/1", lambda: lines(HEADER, LONG))], []),
     )
 
 

@@ -143,6 +143,37 @@ def test_missing_shards_are_reported_and_a_torn_last_line_left_out() -> None:
     assert len(rows_of(merged.journals["t-journal.jsonl"])) == 3
 
 
+class Rewritten(dict):
+    """A shard's journals that read differently the second time (a shard still running)."""
+
+    def __init__(self, first: bytes, then: bytes) -> None:
+        super().__init__({"t-journal.jsonl": first})
+        self.reads, self.then = 0, then
+
+    def __getitem__(self, name: str) -> bytes:
+        self.reads += 1
+        return super().__getitem__(name) if self.reads == 1 else self.then
+
+
+def test_a_merged_journal_is_made_from_the_shards_journals_when_written(tmp_path) -> None:
+    a = shard("a", "1/2", [REQUEST, gen("q1", "one", "ra")])
+    b = shard("b", "2/2", [REQUEST, gen("q2", "two", "rb")])
+    merged = merge([a, b])
+    journal_ = merged.journals.of["t-journal.jsonl"]
+    assert [label for label, _, _ in journal_.parts] == ["a", "b"]
+    written = b"".join(journal_.chunks())
+    assert written == merged.journals["t-journal.jsonl"]
+    assert orjson.loads(written.split(b"\n", 1)[0])["run"] == "merged-" + journal_.digest.hex()
+
+
+def test_a_shard_journal_that_changed_since_it_was_merged_is_refused_when_written() -> None:
+    a = shard("a", "1/2", [REQUEST, gen("q1", "one", "ra")])
+    grown = a.journals["t-journal.jsonl"].replace(b'"one"', b'"uno"')
+    merged = merge([ShardDir(a.label, a.marker, Rewritten(a.journals["t-journal.jsonl"], grown))])
+    with pytest.raises(EvalReplayError, match=r"changed while it was merged \(one of a/t-journal.jsonl\)"):
+        merged.journals["t-journal.jsonl"]
+
+
 def test_a_malformed_row_names_the_file_and_line() -> None:
     bad = ShardDir("a", shard("a", "1/1", []).marker, {"t-journal.jsonl": b"not json\n"})
     with pytest.raises(EvalReplayError, match=r"a/t-journal.jsonl:1: not a journal row"):

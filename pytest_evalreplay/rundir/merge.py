@@ -21,9 +21,10 @@ missing from the merged dir, which `pytest --resume` finishes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +62,7 @@ class ShardDir:
 
 @dataclass
 class Merged:
-    journals: dict[str, bytes]
+    journals: MergedJournals
     shards: list[str]  # "K/N" of each merged shard, in order
     of: int
     missing: list[int]  # shard numbers not given
@@ -99,10 +100,7 @@ def merge(dirs: Sequence[ShardDir]) -> Merged:
     notes: list[str] = []
     names = sorted({name for d in ordered for name in d.journals})
     # Each shard's journal is taken (read, where `journals` reads files) as its turn comes.
-    journals = {
-        name: merge_journal(name, ((d.label, d.journals[name]) for d in ordered if name in d.journals), notes)
-        for name in names
-    }
+    journals = MergedJournals({name: merge_journal(name, _takes(ordered, name), notes) for name in names})
     n = counts.pop()
     given = {d.shard[0] for d in ordered}
     return Merged(
@@ -115,6 +113,12 @@ def merge(dirs: Sequence[ShardDir]) -> Merged:
         suites={d.label: (str(d.marker["shard"]), d.marker.get("suite")) for d in ordered},
         markers=[d.marker for d in ordered],
     )
+
+
+def _takes(dirs: Sequence[ShardDir], name: str) -> Iterator[tuple[str, Take]]:
+    for d in dirs:
+        if name in d.journals:
+            yield d.label, functools.partial(d.journals.__getitem__, name)
 
 
 def _check_configs(dirs: Sequence[ShardDir]) -> dict[str, Any]:
@@ -140,18 +144,24 @@ def _without_run(row: Mapping[str, Any]) -> bytes:
     return orjson.dumps({k: v for k, v in row.items() if k != "run"}, option=orjson.OPT_SORT_KEYS)
 
 
-def _rows(label: str, name: str, data: bytes, notes: list[str]) -> Iterator[tuple[bytes, dict[str, Any]]]:
-    """A journal's rows after its header (a torn last line, from a killed shard,
-    is left out), one at a time: the caller keeps the lines, not the rows."""
+def _rows(label: str, name: str, data: bytes, notes: list[str]) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """A journal's rows after its header, one at a time, each with where its
+    line (newline included) starts and ends in `data`: the caller keeps
+    positions, not lines (a torn last line, from a killed shard, is left out)."""
     check_line_lengths(f"{label}/{name}", data)
-    lines = data.split(b"\n")
-    if lines and lines[-1].strip():
-        notes.append(f"{label}/{name}:{len(lines)}: left out a torn last line (a shard killed mid-write)")
-    for lineno, line in enumerate(lines[:-1], 1):
+    last = data.rfind(b"\n") + 1
+    if data[last:].strip():
+        torn = data.count(b"\n", 0, last) + 1
+        notes.append(f"{label}/{name}:{torn}: left out a torn last line (a shard killed mid-write)")
+    pos, lineno, loads = 0, 0, orjson.loads
+    while pos < last:
+        end = data.index(b"\n", pos) + 1
+        start, pos, lineno = pos, end, lineno + 1
+        line = data[start : end - 1]
         if not line.strip():
             continue
         try:
-            row = orjson.loads(line)
+            row = loads(line)
         except orjson.JSONDecodeError as exc:
             row = exc
         if not isinstance(row, dict) or not isinstance(row.get("type"), str):
@@ -166,18 +176,25 @@ def _rows(label: str, name: str, data: bytes, notes: list[str]) -> Iterator[tupl
                     f"version merges {FORMAT!r}); run that shard again with this version"
                 )
             continue
-        yield line, row
+        yield start, end, row
 
 
-def _identity(row: Mapping[str, Any], line: bytes) -> Any:
+def _digest(data: bytes) -> bytes:
+    """What the merge keeps of a row's identity or subject: 16 bytes of
+    BLAKE2b (a collision is as likely as two equal random 128-bit numbers),
+    not the row itself, which was most of the merge's memory."""
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _identity(row: Mapping[str, Any], line: bytes) -> bytes:
     """What makes two rows the same row: a request or provider row its digest;
     a stage record its content less its run; any other row its bytes."""
     kind = row["type"]
     if kind in ("request", "provider"):
-        return (kind, row.get("digest"))
+        return _digest(orjson.dumps([kind, row.get("digest")]))
     if kind == "stage":
-        return ("stage", _without_run(row))
-    return line
+        return _digest(b"s" + _without_run(row))
+    return _digest(b"l" + line)
 
 
 def _subject(row: Mapping[str, Any]) -> Any:
@@ -193,58 +210,151 @@ def _subject(row: Mapping[str, Any]) -> Any:
     return None
 
 
-def _canonical(lines: Sequence[bytes]) -> tuple[bytes, set[bytes]]:
-    """A subject's rows as compared across shards (less their run): the newest, and all."""
-    every = [_without_run(orjson.loads(line)) for line in lines]
+Starts = int | list[int]  # where a subject's lines start in its shard's journal: one, or several
+
+
+def _as_list(starts: Starts) -> list[int]:
+    return [starts] if isinstance(starts, int) else starts
+
+
+_PLACE_BITS = 32
+_PLACE = (1 << _PLACE_BITS) - 1
+
+
+def _packed(place: int, start: int) -> int:
+    """A subject's one line, at `start` in the journal of the shard at `place`, as one int."""
+    return start << _PLACE_BITS | place
+
+
+def _canonical(data: bytes, starts: Starts) -> tuple[bytes, set[bytes]]:
+    """A subject's rows (their lines start at `starts` in `data`) as compared
+    across shards (less their run): the newest, and all."""
+    every = [_without_run(orjson.loads(data[s : data.index(b"\n", s)])) for s in _as_list(starts)]
     return every[-1], set(every)
 
 
-def merge_journal(name: str, parts: Iterable[tuple[str, bytes]], notes: list[str]) -> bytes:
-    """One journal from the same-named journals of several shards (in shard order)."""
-    kept: list[bytes] = []
-    seen: set[Any] = set()
-    # subject -> (dir, its lines there, (newest, all) as compared): the comparable
-    # form is made only when a second shard decides the subject too (a rollout
-    # belongs to one shard, so mostly never: it was a third of the merge's time),
-    # decoded again from the lines then (holding every row decoded was most of
-    # the merge's memory).
-    newest: dict[Any, tuple[str, list[bytes], tuple[bytes, set[bytes]] | None]] = {}
+Take = Callable[[], bytes]  # a shard's journal, read (again) when called
+
+
+@dataclass(frozen=True)
+class MergedJournal:
+    """One merged journal as the merge decided it, without holding its rows:
+    its header, then the lines kept, as byte ranges of each shard's journal
+    in shard order (each journal read again when written, a shard at a
+    time). `digest` is the kept lines' BLAKE2b, the header's run: what is
+    written is checked against it, so a shard journal that changed since it
+    was merged is refused, never written half old, half new."""
+
+    name: str
+    header: bytes
+    parts: tuple[tuple[str, Take, tuple[tuple[int, int], ...]], ...]
+    digest: bytes
+
+    def chunks(self) -> Iterator[bytes | memoryview]:
+        """The journal's bytes, in pieces (for `files.atomic_write`)."""
+        yield self.header
+        check = hashlib.blake2b(digest_size=16)
+        for _, take, spans in self.parts:
+            view = memoryview(take())
+            for start, end in spans:
+                check.update(view[start:end])
+                yield view[start:end]
+        if check.digest() != self.digest:
+            labels = ", ".join(f"{label}/{self.name}" for label, _, _ in self.parts)
+            raise EvalReplayError(
+                f"a shard journal changed while it was merged (one of {labels}): is a shard still "
+                "running? Merge again, into a new dir, once every shard has finished"
+            )
+
+
+class MergedJournals(Mapping[str, bytes]):
+    """The merged journals by file name; each one's bytes made when taken."""
+
+    def __init__(self, journals: Mapping[str, MergedJournal]) -> None:
+        self.of = dict(journals)
+
+    def __getitem__(self, name: str) -> bytes:
+        return b"".join(self.of[name].chunks())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.of)
+
+    def __len__(self) -> int:
+        return len(self.of)
+
+
+def merge_journal(name: str, parts: Iterable[tuple[str, Take]], notes: list[str]) -> MergedJournal:
+    """One journal from the same-named journals of several shards (in shard
+    order), each taken (read) once here and once more when written."""
+    seen: set[bytes] = set()
+    taken: list[tuple[str, Take, tuple[tuple[int, int], ...]]] = []
+    body = hashlib.blake2b(digest_size=16)
+    # subject digest -> (its shard's place in `taken`, where its lines start there,
+    # (newest, all) as compared): the comparable form is made only when a second
+    # shard decides the subject too (a rollout belongs to one shard, so mostly
+    # never), from the first shard's journal, taken again then, once per shard pair.
+    # A subject of one line that no second shard decided is one int (`_packed`).
+    newest: dict[bytes, int | tuple[int, Starts, tuple[bytes, set[bytes]] | None]] = {}
     task = name.removesuffix("-journal.jsonl")
-    for label, data in parts:
-        mine: dict[Any, list[bytes]] = {}
-        for line, row in _rows(label, name, data, notes):
+    for label, take in parts:
+        data = take()
+        spans: list[tuple[int, int]] = []
+        mine: dict[bytes, Starts] = {}
+        for start, end, row in _rows(label, name, data, notes):
             subject = _subject(row)
             if subject is not None:
-                mine.setdefault(subject, []).append(line)
-            identity = _identity(row, line)
+                digest = _digest(orjson.dumps(subject))
+                known = mine.get(digest)
+                if known is None:
+                    mine[digest] = start
+                elif isinstance(known, int):
+                    mine[digest] = [known, start]
+                else:
+                    known.append(start)
+            line = data[start:end]
+            identity = _identity(row, line[:-1])
             if identity not in seen:
                 seen.add(identity)
-                kept.append(line)
-        for subject, rows in mine.items():
+                body.update(line)
+                if spans and spans[-1][1] == start:
+                    spans[-1] = (spans[-1][0], end)
+                else:
+                    spans.append((start, end))
+        here = len(taken)
+        taken.append((label, take, tuple(spans)))
+        earlier: dict[int, bytes] = {}  # an earlier shard's journal, taken again for its subjects here
+        for subject, starts in mine.items():
             other = newest.get(subject)
             if other is None:
-                newest[subject] = (label, rows, None)
+                newest[subject] = _packed(here, starts) if isinstance(starts, int) else (here, starts, None)
                 continue
-            other_last, other_every = other[2] or _canonical(other[1])
-            last, every = _canonical(rows)
+            if isinstance(other, int):
+                other = (other & _PLACE, other >> _PLACE_BITS, None)
+            if other[2] is None:
+                if other[0] not in earlier:
+                    earlier[other[0]] = taken[other[0]][1]()
+                other_last, other_every = _canonical(earlier[other[0]], other[1])
+            else:
+                other_last, other_every = other[2]
+            last, every = _canonical(data, starts)
             if other_last != last and other_last not in every and last not in other_every:
-                what, *key = subject
+                first = _as_list(starts)[0]
+                what, *key = _subject(orjson.loads(data[first : data.index(b"\n", first)]))
                 raise EvalReplayError(
-                    f"{other[0]} and {label} hold conflicting results for one rollout: {what} "
+                    f"{taken[other[0]][0]} and {label} hold conflicting results for one rollout: {what} "
                     f"{_shown(key)} in {task!r} differs ({name}); a rollout belongs to one shard: was one "
                     "dir written by two shards' runs, or a shard run twice with different results? Merge "
                     "the dir that holds the shard's run and leave the other out"
                 )
             if last not in other_every:
-                newest[subject] = (label, rows, (last, every | other_every))
+                newest[subject] = (here, starts, (last, every | other_every))
             else:
                 newest[subject] = (other[0], other[1], (other_last, other_every))
-    body = b"\n".join(kept)  # one copy of the rows, not one per line and another for the whole
-    run = hashlib.blake2b(body, digest_size=16)
-    if kept:
-        run.update(b"\n")
-    header = orjson.dumps(header_row(task, "merged-" + run.hexdigest()), option=orjson.OPT_APPEND_NEWLINE)
-    return b"".join((header, body, b"\n")) if kept else header
+        del data, earlier
+    digest = body.digest()
+    run = "merged-" + digest.hex()
+    header = orjson.dumps(header_row(task, run), option=orjson.OPT_APPEND_NEWLINE)
+    return MergedJournal(name, header, tuple(taken), digest)
 
 
 def _shown(key: Sequence[Any]) -> str:

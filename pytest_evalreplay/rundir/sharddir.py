@@ -10,6 +10,7 @@ it can seed the shards of the next ELO stage."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import os
@@ -310,8 +311,8 @@ def write_merged_dir(out: Path, merged: Merged) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise os_error(out, exc, "create") from None
-    for name, data in merged.journals.items():
-        atomic_write(out / name, data)
+    for name, journal in merged.journals.of.items():
+        atomic_write(out / name, journal.chunks())  # a shard's journal at a time, never all rows
     write_merged(out, merged.shards, merged.of, merged.tasks)
 
 
@@ -325,24 +326,49 @@ def remove_merged(out: Path, merged: Merged) -> None:
 
 
 def read_and_merge(shards: Sequence[Path]) -> Merged:
-    """The merge command's journal step, in memory: read the shard dirs and
-    merge them (nothing written).
+    """The merge command's journal step: read the shard dirs and merge them
+    (nothing written; each merged journal is its shards' kept byte ranges,
+    read again when written: `merge.MergedJournal`).
 
-    The cyclic garbage collector is paused meanwhile: every row is a plain,
-    acyclic dict, hundreds of thousands of them alive at once, and each full
-    collection walks them all (at 100k rollouts that was half the step)."""
+    The cyclic garbage collector is paused meanwhile (`paused_gc`: at 100k
+    rollouts collections were half the step)."""
     seen: dict[Path, Path] = {}
     for path in shards:
         first = seen.setdefault(path.resolve(), path)
         if first is not path:
             raise EvalReplayError(f"{path} is given twice ({first} and {path}); pass each shard dir once")
+    with paused_gc():
+        dirs: list[ShardDir] = []
+        for path in shards:
+            dirs.append(read_shard_dir(path))
+            _share_configs(dirs)
+        return merge(dirs)
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused: the merge's rows, indexes and
+    outcomes are plain, acyclic objects, hundreds of thousands alive at once,
+    and each full collection walks them all (a quarter of the run dir's
+    writing at 60k rollouts)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return merge([read_shard_dir(path) for path in shards])
+        yield
     finally:
         if enabled:
             gc.enable()
+
+
+def _share_configs(dirs: Sequence[ShardDir]) -> None:
+    """The last dir's task configurations equal to an earlier dir's become that
+    one object: every shard's marker records each instance's request (60k
+    instances: 18 MiB decoded), and the merge holds one copy, not one a shard."""
+    last = dirs[-1].marker["tasks"]
+    for d in dirs[:-1]:
+        for task, config in d.marker["tasks"].items():
+            if last.get(task) is not config and last.get(task) == config:
+                last[task] = config
 
 
 def merge_into(out: Path, shards: Sequence[Path]) -> Merged:
