@@ -64,7 +64,7 @@ from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.model import Generation, digest
 from pytest_evalreplay.numbers.planning import TaskPlan
 from pytest_evalreplay.rundir.sharddir import claim, merge_into, task_config
-from pytest_evalreplay.shard import Shard, shard_of
+from pytest_evalreplay.values.shard import Shard, shard_of
 
 SHARDS = 4
 BUSY_MS = 20.0

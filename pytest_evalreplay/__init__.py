@@ -62,6 +62,10 @@ _MOVED: dict[str, str] = {
     "pytest_evalreplay.snapshot": "pytest_evalreplay.rundir.snapshot",
     "pytest_evalreplay.stats": "pytest_evalreplay.numbers.stats",
     "pytest_evalreplay.runschema": "pytest_evalreplay.storage.runschema",
+    "pytest_evalreplay.fingerprint": "pytest_evalreplay.values.fingerprint",
+    "pytest_evalreplay.shard": "pytest_evalreplay.values.shard",
+    "pytest_evalreplay.snippets": "pytest_evalreplay.values.snippets",
+    "pytest_evalreplay.credentials": "pytest_evalreplay.values.credentials",
 }
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_evalreplay.shard import Shard
+from pytest_evalreplay.values.shard import Shard
 
 DEFAULT_CONCURRENCY = 32
 DEFAULT_MAX_ATTEMPTS = 3

@@ -199,7 +199,7 @@ class EloEval:
         return out
 
     def judge_identity(self) -> Any:
-        from pytest_evalreplay.fingerprint import callable_identity
+        from pytest_evalreplay.values.fingerprint import callable_identity
 
         if isinstance(self.judge, LlmJudge):
             ident = self.judge.identity()
@@ -220,7 +220,7 @@ def stage_configs(
 ) -> list[dict[str, Any]]:
     """What each stage's fingerprint covers, cumulative: stage s's config holds
     the shared parts and the configs of stages 1..s."""
-    from pytest_evalreplay.fingerprint import path_signature
+    from pytest_evalreplay.values.fingerprint import path_signature
 
     shared = {
         "pool": digest(sorted(pool_requests.items())),

@@ -28,7 +28,7 @@ from pytest_evalreplay.report.compare import (
 )
 from pytest_evalreplay.report.compare_render import md_escape, render_markdown, render_text
 from pytest_evalreplay.rundir.snapshot import load_run_dir
-from pytest_evalreplay.snippets import prompt_line, shorten
+from pytest_evalreplay.values.snippets import prompt_line, shorten
 
 REPO = Path(__file__).resolve().parent.parent
 

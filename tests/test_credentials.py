@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from http_stub import STUB_MODEL, Action, StubServer
 
-from pytest_evalreplay.credentials import configured_secrets, redact
+from pytest_evalreplay.values.credentials import configured_secrets, redact
 
 KEY = "sk-test-0123456789abcdef"
 TOKEN = "tok-9f8e7d6c5b4a"

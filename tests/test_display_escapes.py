@@ -11,7 +11,7 @@ from test_compare import write_run
 from pytest_evalreplay.__main__ import main
 from pytest_evalreplay.report.compare import compare_run_dirs
 from pytest_evalreplay.report.compare_render import md_escape, render_markdown, render_text
-from pytest_evalreplay.snippets import clip, one_line, printable, prompt_line
+from pytest_evalreplay.values.snippets import clip, one_line, printable, prompt_line
 
 CLEAR = "\x1b[2J"
 TITLE = "\x1b]0;pwned\x07"

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_evalreplay.fingerprint import (
+from pytest_evalreplay.values.fingerprint import (
     callable_identity,
     canonical,
     changed_fields,

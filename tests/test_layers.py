@@ -146,8 +146,8 @@ def test_no_import_cycles() -> None:
 # the request/generation types, the saved-run readers (replay) and the
 # fingerprint of a path, the credentials hidden from messages; nothing of the
 # session or the pytest-facing layer.
-PROVIDER_MAY_IMPORT = ("settings", "model", "fingerprint", "credentials", "storage", "formats", "providers")
-PYTEST_FREE = ("settings.py", "model.py", "task.py", "providers", "formats")
+PROVIDER_MAY_IMPORT = ("settings", "model", "values", "storage", "formats", "providers")
+PYTEST_FREE = ("settings.py", "model.py", "task.py", "values", "providers", "formats")
 
 
 def test_providers_import_only_lower_layers() -> None:

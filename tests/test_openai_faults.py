@@ -15,7 +15,6 @@ import pytest
 from http_stub import STUB_MODEL, Action, Fail, StubServer
 from llm_fixtures import make_request
 
-from pytest_evalreplay.credentials import redact_url
 from pytest_evalreplay.model import EvalReplayError, Generation, GenerationError
 from pytest_evalreplay.providers import ProviderHost
 from pytest_evalreplay.providers import openai as openai_mod
@@ -24,6 +23,7 @@ from pytest_evalreplay.providers.openai_balancer import parse_server
 from pytest_evalreplay.providers.openai_breaker import Breaker
 from pytest_evalreplay.providers.openai_wire import CallFailure, parse_generations
 from pytest_evalreplay.settings import Settings
+from pytest_evalreplay.values.credentials import redact_url
 
 req = make_request
 pytestmark = pytest.mark.usefixtures("no_api_key")
@@ -345,7 +345,7 @@ def test_an_api_key_a_server_echoes_is_never_saved_or_shown(stub: StubServer) ->
     ],
 )
 def test_redact_hides_the_key_authorization_values_and_url_passwords(text: str, shown: str) -> None:
-    from pytest_evalreplay.credentials import redact
+    from pytest_evalreplay.values.credentials import redact
 
     assert redact(text, (KEY,)) == shown
 

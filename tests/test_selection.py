@@ -19,7 +19,7 @@ from pytest_evalreplay.run.selection import (
     select,
     shard_lines,
 )
-from pytest_evalreplay.shard import Shard
+from pytest_evalreplay.values.shard import Shard
 
 
 def rollouts(task: str, n: int, stage: int = 0) -> list[Entry]:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_evalreplay.shard import Shard, parse_shard, shard_of
+from pytest_evalreplay.values.shard import Shard, parse_shard, shard_of
 
 ids = st.text(min_size=1, max_size=12)
 keys = st.tuples(st.integers(1, 4), ids, st.integers(0, 7))

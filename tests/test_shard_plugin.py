@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pytest_evalreplay.shard import Shard
+from pytest_evalreplay.values.shard import Shard
 
 CONFTEST = """
 from pytest_evalreplay import Generation

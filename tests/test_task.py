@@ -8,7 +8,7 @@ import pytest
 
 from pytest_evalreplay import EvalReplayError, EvalTask, Generation, GenerationError, scorers
 from pytest_evalreplay import task as task_module
-from pytest_evalreplay.fingerprint import callable_identity
+from pytest_evalreplay.values.fingerprint import callable_identity
 
 
 class Echo:

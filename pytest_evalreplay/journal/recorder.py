@@ -33,7 +33,6 @@ from typing import Any
 
 import orjson
 
-from pytest_evalreplay.credentials import configured_secrets, redact
 from pytest_evalreplay.journal import compaction
 from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.journal.index import JournalIndex
@@ -42,6 +41,7 @@ from pytest_evalreplay.model import Generation
 from pytest_evalreplay.storage import lines as line_reader
 from pytest_evalreplay.storage.files import NoFollowLock, own_dir
 from pytest_evalreplay.storage.runschema import LOCKS_DIR, remove_task_files
+from pytest_evalreplay.values.credentials import configured_secrets, redact
 
 GROUP_ROWS = 256
 GROUP_SECONDS = 0.5

@@ -26,10 +26,10 @@ import orjson
 from pytest_evalreplay.formats.closest import difference
 from pytest_evalreplay.journal.rows import RolloutKey
 from pytest_evalreplay.model import EvalReplayError, Generation, tool_calls_problem
-from pytest_evalreplay.snippets import one_line, shorten
 from pytest_evalreplay.storage.files import atomic_write
 from pytest_evalreplay.storage.lines import read_jsonl
 from pytest_evalreplay.storage.runschema import TRANSCRIPTS_SUFFIX
+from pytest_evalreplay.values.snippets import one_line, shorten
 
 _SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 SHOWN_CHARS = 400  # of each message, in the Markdown report

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_evalreplay.credentials import configured_secrets, redact
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.run.execution import RolloutResult
 from pytest_evalreplay.stages import EloEval
 from pytest_evalreplay.task import EvalTask
+from pytest_evalreplay.values.credentials import configured_secrets, redact
 
 if TYPE_CHECKING:
     from typing_extensions import Self

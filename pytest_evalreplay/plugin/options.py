@@ -26,7 +26,7 @@ import pytest
 
 if TYPE_CHECKING:
     from pytest_evalreplay.settings import Settings
-    from pytest_evalreplay.shard import Shard
+    from pytest_evalreplay.values.shard import Shard
 
 
 @dataclass(frozen=True)
@@ -327,7 +327,7 @@ def _resume_stage(raw: Any) -> int | None:
 def _shard(raw: Any) -> Shard | None:
     if raw is None:
         return None
-    from pytest_evalreplay.shard import parse_shard
+    from pytest_evalreplay.values.shard import parse_shard
 
     try:
         return parse_shard(str(raw))

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
 
-from pytest_evalreplay.fingerprint import path_signature
 from pytest_evalreplay.model import EvalReplayError, Provider
 from pytest_evalreplay.settings import Settings
 from pytest_evalreplay.storage.rowfields import type_name
+from pytest_evalreplay.values.fingerprint import path_signature
 
 # kind -> "module:factory"; the module is imported only when the kind is chosen.
 BUILTIN_KINDS: dict[str, str] = {

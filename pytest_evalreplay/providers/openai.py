@@ -48,7 +48,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
-from pytest_evalreplay.credentials import API_KEY_ENV, redact
 from pytest_evalreplay.model import (
     EvalReplayError,
     GenerateResult,
@@ -82,6 +81,7 @@ from pytest_evalreplay.providers.openai_wire import (
     tokenize_body,
 )
 from pytest_evalreplay.settings import DEFAULT_CONCURRENCY, Settings
+from pytest_evalreplay.values.credentials import API_KEY_ENV, redact
 
 R = TypeVar("R")
 

@@ -12,8 +12,8 @@ import posixpath
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pytest_evalreplay.credentials import redact_url
 from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.values.credentials import redact_url
 
 
 @dataclass(frozen=True)

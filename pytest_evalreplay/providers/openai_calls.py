@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pytest_evalreplay.credentials import redact
 from pytest_evalreplay.providers.openai_balancer import Balancer, Server
 from pytest_evalreplay.providers.openai_breaker import Breaker
 from pytest_evalreplay.providers.openai_watchdog import Connections, Run, Watchdog, post
@@ -30,6 +29,7 @@ from pytest_evalreplay.providers.openai_wire import (
     retry_after_seconds,
     server_message,
 )
+from pytest_evalreplay.values.credentials import redact
 
 T = TypeVar("T")
 # What a call makes of a 200 body: its answer, or why it holds none (`Malformed`).

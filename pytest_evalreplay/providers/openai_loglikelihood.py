@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_evalreplay.credentials import redact_url
 from pytest_evalreplay.model import GenerationError, LoglikelihoodResult, Request
 from pytest_evalreplay.providers.loglikelihood_requests import (
     continuation_start,
@@ -40,6 +39,7 @@ from pytest_evalreplay.providers.openai_wire import (
     parse_token_count,
     tokenize_body,
 )
+from pytest_evalreplay.values.credentials import redact_url
 
 Scores = list[tuple[float, bool]]
 

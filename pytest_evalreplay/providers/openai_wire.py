@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 import orjson
 
-from pytest_evalreplay.credentials import redact_url
 from pytest_evalreplay.model import GenerateResult, Generation, GenerationError, Request, tool_calls_problem
 from pytest_evalreplay.providers.engine_requests import (
     GREEDY_EPS,
@@ -25,6 +24,7 @@ from pytest_evalreplay.providers.engine_requests import (
     plan_draws,
     text_prompt,
 )
+from pytest_evalreplay.values.credentials import redact_url
 
 T = TypeVar("T")
 CHAT_PATH = "/chat/completions"

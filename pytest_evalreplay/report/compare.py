@@ -20,7 +20,7 @@ from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.numbers.gates import PairedDrop
 from pytest_evalreplay.numbers.stats import ALPHA, Interval, PairedTest, instance_interval, paired_test
 from pytest_evalreplay.rundir.snapshot import EloSnapshot, RunSnapshot, TaskSnapshot, load_run_dir
-from pytest_evalreplay.snippets import clip, prompt_line
+from pytest_evalreplay.values.snippets import clip, prompt_line
 
 __all__ = [
     "Flip",

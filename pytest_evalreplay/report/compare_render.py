@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from pytest_evalreplay.numbers.stats import Interval, PairedTest
 from pytest_evalreplay.report.compare import MetricDiff, RunComparison, TaskComparison
-from pytest_evalreplay.snippets import one_line, printable, shorten
+from pytest_evalreplay.values.snippets import one_line, printable, shorten
 
 
 def _value(x: float | None, decimals: int = 4) -> str:

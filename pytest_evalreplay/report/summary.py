@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from pytest_evalreplay.credentials import configured_secrets, redact
 from pytest_evalreplay.journal import transcripts
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.numbers.metrics import item_name
-from pytest_evalreplay.snippets import printable
 from pytest_evalreplay.storage.files import atomic_write
+from pytest_evalreplay.values.credentials import configured_secrets, redact
+from pytest_evalreplay.values.snippets import printable
 
 # Re-exported: the plugin and distributed import live progress from here (its home is `progress`).
 

@@ -103,8 +103,8 @@ def judge_provider(
     reply it says no to is a retryable failure, then a judging failure."""
     settings = ctx.settings
     if settings.provider == "replay" and settings.predictions is not None:
-        from pytest_evalreplay.fingerprint import path_signature
         from pytest_evalreplay.providers.replay import ReplayProvider
+        from pytest_evalreplay.values.fingerprint import path_signature
 
         source = settings.predictions
         path = task_files(source, name)["predictions"] if source.is_dir() else source

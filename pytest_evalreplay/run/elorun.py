@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_evalreplay.fingerprint import fingerprint
 from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.journal.rows import RolloutKey
 from pytest_evalreplay.journal.stagelog import StageLog, complete_row, planned_row, seed_row
@@ -50,6 +49,7 @@ from pytest_evalreplay.run.execution import RolloutResult
 from pytest_evalreplay.run.rollouts import Rollouts, open_recorder
 from pytest_evalreplay.stages import EloEval, stage_configs
 from pytest_evalreplay.storage.runschema import task_files
+from pytest_evalreplay.values.fingerprint import fingerprint
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 import orjson
 
 from pytest_evalreplay.agent import ToolSlot, TurnFailed, parse_call
-from pytest_evalreplay.credentials import configured_secrets, redact
 from pytest_evalreplay.journal import transcripts
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
@@ -38,6 +37,7 @@ from pytest_evalreplay.run.context import ProviderExit
 from pytest_evalreplay.run.endpoint import Endpoint
 from pytest_evalreplay.run.turnbatcher import TurnBatcher
 from pytest_evalreplay.task import EvalTask, validate_sampling
+from pytest_evalreplay.values.credentials import configured_secrets, redact
 
 TOOL_IDENTITY = {"kind": "tool"}
 TOOL_PV = digest(TOOL_IDENTITY)

@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_evalreplay.journal.rows import RolloutKey
-from pytest_evalreplay.shard import Shard
+from pytest_evalreplay.values.shard import Shard
 
 TaskKey = tuple[str, RolloutKey]  # (task name, rollout key)
 

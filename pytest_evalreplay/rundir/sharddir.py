@@ -24,9 +24,9 @@ import orjson
 from pytest_evalreplay.model import EvalReplayError, digest
 from pytest_evalreplay.numbers.planning import TaskPlan
 from pytest_evalreplay.rundir.merge import Merged, ShardDir, merge
-from pytest_evalreplay.shard import Shard
 from pytest_evalreplay.storage.files import atomic_write, os_error, read_bytes
 from pytest_evalreplay.storage.runschema import SHARD_MARKER
+from pytest_evalreplay.values.shard import Shard
 
 MARKER = SHARD_MARKER
 FORMAT = "evalreplay-shard/1"

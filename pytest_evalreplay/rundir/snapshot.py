@@ -19,7 +19,6 @@ import orjson
 
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.numbers.metrics import instance_means
-from pytest_evalreplay.snippets import prompt_line, trim
 from pytest_evalreplay.storage.files import read_bytes
 from pytest_evalreplay.storage.lines import jsonl_lines
 from pytest_evalreplay.storage.runschema import (
@@ -34,6 +33,7 @@ from pytest_evalreplay.storage.runschema import (
     scores_of,
     task_files,
 )
+from pytest_evalreplay.values.snippets import prompt_line, trim
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pytest_evalreplay.fingerprint import describe_change
 from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.journal.rows import RolloutKey
 from pytest_evalreplay.journal.stagelog import StageLog, StageRecord
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.numbers.metrics import item_outcome
 from pytest_evalreplay.numbers.planning import TaskPlan
+from pytest_evalreplay.values.fingerprint import describe_change
 
 
 @dataclass(frozen=True)
