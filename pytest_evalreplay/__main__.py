@@ -271,7 +271,8 @@ def _write_directly(out: Path, merged: Merged) -> str | None:
     """The merged journals, then the run dir from them alone (`rundir/direct.py`);
     or why the suite's run must write it after all (the journals are in OUT then)."""
     from pytest_evalreplay.rundir.direct import new_run, outcomes, write_run_dir
-    from pytest_evalreplay.rundir.sharddir import paused_gc, write_merged_dir
+    from pytest_evalreplay.rundir.sharddir import write_merged_dir
+    from pytest_evalreplay.storage.lines import paused_gc
 
     write_merged_dir(out, merged)
     run = new_run()

@@ -15,6 +15,7 @@ from pathlib import Path
 from pytest_evalreplay.formats.saved import IndexBuilder, SavedIndex, listable
 from pytest_evalreplay.model import EvalReplayError
 from pytest_evalreplay.storage.files import os_error
+from pytest_evalreplay.storage.lines import paused_gc
 
 WHAT_CAN_BE_READ = (
     "a run dir (<task>-predictions.jsonl beside <task>-requests.jsonl), one "
@@ -27,20 +28,17 @@ WHAT_CAN_BE_READ = (
 def load(path: str | Path) -> SavedIndex:
     """Read whatever layout `path` is into one index (see WHAT_CAN_BE_READ)."""
     path = Path(path).expanduser()
-    enabled = gc.isenabled()
     # The index is a million small objects that all live on: collecting
     # while it grows would walk them again and again for nothing.
-    gc.disable()
-    try:
-        return _load(path)
-    except OSError as exc:  # a stat or a listing the checks above did not see coming
-        raise os_error(Path(exc.filename or path), exc, "read") from None
-    except RecursionError:
-        raise EvalReplayError(f"{path}: saved data nested too deeply to read") from None
-    finally:
-        promote_to_oldest()
-        if enabled:
-            gc.enable()
+    with paused_gc():
+        try:
+            return _load(path)
+        except OSError as exc:  # a stat or a listing the checks above did not see coming
+            raise os_error(Path(exc.filename or path), exc, "read") from None
+        except RecursionError:
+            raise EvalReplayError(f"{path}: saved data nested too deeply to read") from None
+        finally:
+            promote_to_oldest()
 
 
 def promote_to_oldest() -> None:

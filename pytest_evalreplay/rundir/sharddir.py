@@ -10,8 +10,6 @@ it can seed the shards of the next ELO stage."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
 import os
 import shlex
@@ -25,6 +23,7 @@ from pytest_evalreplay.model import EvalReplayError, digest
 from pytest_evalreplay.numbers.planning import TaskPlan
 from pytest_evalreplay.rundir.merge import Merged, ShardDir, merge
 from pytest_evalreplay.storage.files import atomic_write, os_error, read_bytes
+from pytest_evalreplay.storage.lines import paused_gc
 from pytest_evalreplay.storage.runschema import SHARD_MARKER
 from pytest_evalreplay.values.shard import Shard
 
@@ -330,8 +329,7 @@ def read_and_merge(shards: Sequence[Path]) -> Merged:
     (nothing written; each merged journal is its shards' kept byte ranges,
     read again when written: `merge.MergedJournal`).
 
-    The cyclic garbage collector is paused meanwhile (`paused_gc`: at 100k
-    rollouts collections were half the step)."""
+    The cyclic garbage collector is paused meanwhile (`storage.lines.paused_gc`)."""
     seen: dict[Path, Path] = {}
     for path in shards:
         first = seen.setdefault(path.resolve(), path)
@@ -343,21 +341,6 @@ def read_and_merge(shards: Sequence[Path]) -> Merged:
             dirs.append(read_shard_dir(path))
             _share_configs(dirs)
         return merge(dirs)
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused: the merge's rows, indexes and
-    outcomes are plain, acyclic objects, hundreds of thousands alive at once,
-    and each full collection walks them all (a quarter of the run dir's
-    writing at 60k rollouts)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _share_configs(dirs: Sequence[ShardDir]) -> None:

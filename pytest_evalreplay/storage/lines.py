@@ -7,6 +7,8 @@ line) is refused in constant memory, not after gigabytes are allocated.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,22 @@ from pytest_evalreplay.storage.files import read_bytes
 # runs, instances, transcripts, shard journals): a longer one is refused,
 # naming file:line, before it is parsed (one 1 GB line took gigabytes).
 MAX_LINE_BYTES = 256 * 2**20
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused while many decoded rows live on at
+    once (a replay's index, a merge's rows and outcomes): they are plain,
+    acyclic objects, hundreds of thousands of them, and each full collection
+    would walk them all again for nothing (at 100k rollouts, half a merge's
+    journal step). Left as it was found: a caller that disabled it keeps it so."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def check_line_lengths(path: Path | str, data: bytes, first_lineno: int = 1) -> None:
