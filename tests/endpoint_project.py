@@ -6,6 +6,10 @@ tool, `{"text": <that message>}`, and a tool result R with `R|seed=...|i=0`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import orjson
+
 SYNC = r"""
 import json
 
@@ -228,3 +232,22 @@ def solve(instance, llm):
 agent = EvalTask("agent", [{"id": f"q{n}"} for n in range(3)], agent=solve,
                  scorer=lambda text, inst: text.count("echo:") == 5)
 """
+
+
+def openai_args(url: str, *more: str) -> list[str]:
+    """A pytester run of a project's agents against the openai provider at
+    `url` (the local HTTP stub); subprocess_pytest's `openai_args` is the same
+    for a child process."""
+    return [
+        "-p",
+        "no:randomly",
+        "--evalreplay-provider=openai",
+        "--evalreplay-model=stub-model",
+        f"--evalreplay-base-url={url}",
+        *more,
+    ]
+
+
+def transcripts(run: Path) -> list[dict]:
+    """The rows of the run dir's agent-transcripts.jsonl."""
+    return [orjson.loads(line) for line in (run / "agent-transcripts.jsonl").read_bytes().splitlines()]

@@ -8,11 +8,19 @@ import socket
 import threading
 import urllib.error
 import urllib.request
-from pathlib import Path
 
-import orjson
 import pytest
-from endpoint_project import AGENTS_SDK, ASYNC, COMMAND, CONCURRENT, CONCURRENT_CONFTEST, PROGRAM, SYNC
+from endpoint_project import (
+    AGENTS_SDK,
+    ASYNC,
+    COMMAND,
+    CONCURRENT,
+    CONCURRENT_CONFTEST,
+    PROGRAM,
+    SYNC,
+    openai_args,
+    transcripts,
+)
 from http_stub import StubServer
 
 from pytest_evalreplay import Generation
@@ -21,25 +29,10 @@ from pytest_evalreplay.run.endpoint import Endpoint
 pytest.importorskip("openai", reason="the endpoint tests use the real openai SDK (a test extra)")
 
 
-def openai_args(url: str, *more: str) -> list[str]:
-    return [
-        "-p",
-        "no:randomly",
-        "--evalreplay-provider=openai",
-        "--evalreplay-model=stub-model",
-        f"--evalreplay-base-url={url}",
-        *more,
-    ]
-
-
 @pytest.fixture
 def stub():
     with StubServer("stub-model") as server:
         yield server
-
-
-def rows(run: Path) -> list[dict]:
-    return [orjson.loads(line) for line in (run / "agent-transcripts.jsonl").read_bytes().splitlines()]
 
 
 @pytest.mark.parametrize("source", [SYNC, ASYNC], ids=["sync", "async-streaming"])
@@ -47,7 +40,7 @@ def test_an_openai_sdk_agent_runs_resumes_and_replays_through_the_endpoint(pytes
     pytester.makepyfile(test_agent=source)
     pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run")).assert_outcomes(passed=6)
     assert stub.answered == 3 * 2 + 3 * 4  # even episodes: 2 turns, odd ones: 4
-    first = rows(pytester.path / "run")
+    first = transcripts(pytester.path / "run")
     assert first[1]["answer"] == "WORD1-AGAIN|seed=None|i=0"
     assert [t["finish_reason"] for t in first[1]["turns"]] == ["tool_calls", "stop"] * 2
 
@@ -55,7 +48,7 @@ def test_an_openai_sdk_agent_runs_resumes_and_replays_through_the_endpoint(pytes
     done = pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run", "--resume"))
     done.assert_outcomes(passed=6)
     assert stub.answered == 0
-    assert rows(pytester.path / "run") == first
+    assert transcripts(pytester.path / "run") == first
 
     # Replay: no model at all (the openai provider is not even configured).
     done = pytester.runpytest(
@@ -63,7 +56,7 @@ def test_an_openai_sdk_agent_runs_resumes_and_replays_through_the_endpoint(pytes
     )
     done.assert_outcomes(passed=6)
     assert stub.answered == 0
-    assert [r["answer"] for r in rows(pytester.path / "again")] == [r["answer"] for r in first]
+    assert [r["answer"] for r in transcripts(pytester.path / "again")] == [r["answer"] for r in first]
 
 
 def test_a_command_agent_runs_the_program_per_episode_and_replays(pytester, stub):
@@ -71,7 +64,7 @@ def test_a_command_agent_runs_the_program_per_episode_and_replays(pytester, stub
     (pytester.path / "my_agent.py").write_text(PROGRAM)
     pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run")).assert_outcomes(passed=6)
     assert stub.answered == 3 * 2 + 3 * 4
-    assert rows(pytester.path / "run")[3]["answer"] == "WORD3-AGAIN|seed=None|i=0"
+    assert transcripts(pytester.path / "run")[3]["answer"] == "WORD3-AGAIN|seed=None|i=0"
     stub.answered = 0
     done = pytester.runpytest(
         "-p", "no:randomly", "--evalreplay-predictions=run", "--evalreplay-output=again"
@@ -96,7 +89,7 @@ def test_an_agents_sdk_agent_runs_resumes_and_replays_through_chat_and_responses
     pytester.makepyfile(test_agent=AGENTS_SDK)
     pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run")).assert_outcomes(passed=8)
     assert stub.answered == 8 * 2  # a tool call, then the answer
-    first = rows(pytester.path / "run")
+    first = transcripts(pytester.path / "run")
     assert {r["answer"] for r in first} == {"WORD0|seed=None|i=0", "WORD1|seed=None|i=0"}
     # The Responses API's function call and its output reach the provider as chat messages.
     responses = next(r for r in first if r["instance_id"] == "q0-responses")
@@ -106,12 +99,12 @@ def test_an_agents_sdk_agent_runs_resumes_and_replays_through_chat_and_responses
     done = pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run", "--resume"))
     done.assert_outcomes(passed=8)
     assert stub.answered == 0
-    assert rows(pytester.path / "run") == first
+    assert transcripts(pytester.path / "run") == first
     done = pytester.runpytest(
         "-p", "no:randomly", "--evalreplay-predictions=run", "--evalreplay-output=again"
     )
     done.assert_outcomes(passed=8)
-    assert rows(pytester.path / "again") == first
+    assert transcripts(pytester.path / "again") == first
 
 
 def test_an_episodes_concurrent_calls_resume_exactly(pytester):
@@ -122,7 +115,7 @@ def test_an_episodes_concurrent_calls_resume_exactly(pytester):
     log = pytester.path / "calls.log"
     assert sorted(log.read_text().split("\n")[:-1]).count("q0-same") == 2
     log.unlink()
-    answers = [r["answer"] for r in rows(pytester.path / "run")]
+    answers = [r["answer"] for r in transcripts(pytester.path / "run")]
     # A kill while q0's "-b" call and one of its two "-same" calls were in flight:
     # their answers, and every final answer, never reached the journal.
     run = pytester.path / "run"
@@ -144,7 +137,7 @@ def test_an_episodes_concurrent_calls_resume_exactly(pytester):
     pytester.runpytest(*args, "--resume").assert_outcomes(passed=3)
     # Whatever order the calls arrived in, only the two never answered are asked again.
     assert sorted(log.read_text().split()) == ["q0-b", "q0-same"]
-    assert [r["answer"] for r in rows(run)] == answers
+    assert [r["answer"] for r in transcripts(run)] == answers
 
 
 class _Turns:
@@ -290,17 +283,17 @@ def test_llm_tool_beside_the_endpoint_is_journaled_and_not_run_again(pytester, s
     log = pytester.path / "tools.log"
     pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run")).assert_outcomes(passed=6)
     assert len(log.read_text().split()) == 3 * 1 + 3 * 2
-    first = rows(pytester.path / "run")
+    first = transcripts(pytester.path / "run")
     log.unlink()
     stub.answered = 0
     done = pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run", "--resume"))
     done.assert_outcomes(passed=6)
     assert stub.answered == 0 and not log.exists()
-    assert rows(pytester.path / "run") == first
+    assert transcripts(pytester.path / "run") == first
     monkeypatch.setenv("NO_TOOLS", "1")  # pytester runs in process: the replay's tool would raise
     replay = ("-p", "no:randomly", "--evalreplay-predictions=run", "--evalreplay-output=again")
     pytester.runpytest(*replay).assert_outcomes(passed=6)
-    assert rows(pytester.path / "again") == first and not log.exists()
+    assert transcripts(pytester.path / "again") == first and not log.exists()
 
 
 def test_episodes_connecting_at_once_are_all_served():

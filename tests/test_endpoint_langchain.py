@@ -5,10 +5,8 @@ langchain-openai is not a test extra (it is heavy): this skips without it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import orjson
 import pytest
+from endpoint_project import openai_args, transcripts
 from http_stub import StubServer
 
 pytest.importorskip("langchain_openai", reason="langchain-openai is not installed (not a test extra)")
@@ -45,40 +43,25 @@ agent = EvalTask("agent", [{"id": f"q{n}", "q": f"word{n}"} for n in range(4)], 
 """
 
 
-def args(url: str, *more: str) -> list[str]:
-    return [
-        "-p",
-        "no:randomly",
-        "--evalreplay-provider=openai",
-        "--evalreplay-model=stub-model",
-        f"--evalreplay-base-url={url}",
-        *more,
-    ]
-
-
-def rows(run: Path) -> list[dict]:
-    return [orjson.loads(line) for line in (run / "agent-transcripts.jsonl").read_bytes().splitlines()]
-
-
 def test_the_langchain_recipe_runs_resumes_and_replays_through_the_endpoint(pytester):
     pytester.makepyfile(test_agent=LANGCHAIN)
     with StubServer("stub-model") as stub:
-        pytester.runpytest(*args(stub.url, "--evalreplay-output=run")).assert_outcomes(passed=4)
+        pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run")).assert_outcomes(passed=4)
         assert stub.answered == 4 * 2  # a call of the bound tool, then the answer
-        first = rows(pytester.path / "run")
+        first = transcripts(pytester.path / "run")
         assert [r["answer"] for r in first] == [f"WORD{n}|seed=None|i=0" for n in range(4)]
         assert [m["role"] for m in first[0]["messages"]] == ["user", "assistant", "tool", "assistant"]
         assert first[0]["turns"][0]["tools"][0]["function"]["name"] == "echo"
 
         stub.answered = 0  # a resume answers every turn from the journal
-        done = pytester.runpytest(*args(stub.url, "--evalreplay-output=run", "--resume"))
+        done = pytester.runpytest(*openai_args(stub.url, "--evalreplay-output=run", "--resume"))
         done.assert_outcomes(passed=4)
         assert stub.answered == 0
-        assert rows(pytester.path / "run") == first
+        assert transcripts(pytester.path / "run") == first
 
     # Replay: no model at all (the stub is gone, the openai provider not configured).
     done = pytester.runpytest(
         "-p", "no:randomly", "--evalreplay-predictions=run", "--evalreplay-output=again"
     )
     done.assert_outcomes(passed=4)
-    assert rows(pytester.path / "again") == first
+    assert transcripts(pytester.path / "again") == first
