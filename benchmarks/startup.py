@@ -44,7 +44,7 @@ PLUGINS = ("evalreplay", "evalreplay-session", "evalreplay-xdist")  # the names 
 # signatures before pytest loads the module), and every hook implementation of
 # the plugin's objects once registered (HookImpl.function, called positionally).
 _OWN = """
-import inspect, resource, sys, time
+import functools, inspect, resource, sys, time
 
 import orjson
 import pytest
@@ -60,28 +60,6 @@ def add(name, since):
 start = time.thread_time()
 import pytest_evalreplay.plugin.hooks as hooks
 add("import", start)
-
-real_addhooks, real_addoption = hooks.pytest_addhooks, hooks.pytest_addoption
-
-
-def pytest_addhooks(pluginmanager):
-    start = time.thread_time()
-    try:
-        return real_addhooks(pluginmanager)
-    finally:
-        add("pytest_addhooks", start)
-
-
-def pytest_addoption(parser):
-    start = time.thread_time()
-    try:
-        return real_addoption(parser)
-    finally:
-        add("pytest_addoption", start)
-
-
-hooks.pytest_addhooks, hooks.pytest_addoption = pytest_addhooks, pytest_addoption
-TIMED = {pytest_addhooks, pytest_addoption}
 
 
 def timed(name, fn):
@@ -113,6 +91,13 @@ def timed(name, fn):
             add(name, start)
 
     return call
+
+
+# The two hooks pluggy calls at registration, wrapped before pytest loads the
+# module (functools.wraps keeps each one's signature, which pluggy reads).
+for hook in ("pytest_addhooks", "pytest_addoption"):
+    setattr(hooks, hook, functools.wraps(getattr(hooks, hook))(timed(hook, getattr(hooks, hook))))
+TIMED = {hooks.pytest_addhooks, hooks.pytest_addoption}
 
 
 def timed_register(real):
