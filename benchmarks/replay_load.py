@@ -110,28 +110,30 @@ def floor(directory: Path) -> int:
     import numpy as np
 
     from pytest_evalreplay.formats import promote_to_oldest
+    from pytest_evalreplay.storage.lines import paused_gc
 
     keys: dict[tuple[str, str | None], int] = {}
-    gc.disable()
-    try:
-        for requests in sorted(directory.glob("*-requests.jsonl")):
-            data = requests.with_name(requests.name.replace("-requests.", "-predictions.")).read_bytes()
-            ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
-            starts = [0, *(ends[:-1] + 1).tolist()]
-            lines = requests.read_bytes().splitlines()
-            for a in range(0, len(lines), FLOOR_BLOCK):  # a block at a time: its rows stay in the cache
-                block = lines[a : a + FLOOR_BLOCK]
-                ids, contexts, systems = zip(*map(_JOIN, map(orjson.loads, block)), strict=True)
-                heads = map(b"".join, zip(repeat(b'{"instance_id":"'), map(str.encode, ids), repeat(b'"')))
-                if not all(map(bytes.startswith, repeat(data), heads, starts[a : a + FLOOR_BLOCK])):
-                    raise ValueError(f"{requests}: not in step with its predictions")
-                base = len(keys)
-                keys.update(
-                    zip(zip(contexts, systems, strict=True), range(base, base + len(ids)), strict=True)
-                )
-    finally:
-        promote_to_oldest()
-        gc.enable()
+    with paused_gc():
+        try:
+            for requests in sorted(directory.glob("*-requests.jsonl")):
+                data = requests.with_name(requests.name.replace("-requests.", "-predictions.")).read_bytes()
+                ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+                starts = [0, *(ends[:-1] + 1).tolist()]
+                lines = requests.read_bytes().splitlines()
+                for a in range(0, len(lines), FLOOR_BLOCK):  # a block at a time: its rows stay in the cache
+                    block = lines[a : a + FLOOR_BLOCK]
+                    ids, contexts, systems = zip(*map(_JOIN, map(orjson.loads, block)), strict=True)
+                    heads = map(
+                        b"".join, zip(repeat(b'{"instance_id":"'), map(str.encode, ids), repeat(b'"'))
+                    )
+                    if not all(map(bytes.startswith, repeat(data), heads, starts[a : a + FLOOR_BLOCK])):
+                        raise ValueError(f"{requests}: not in step with its predictions")
+                    base = len(keys)
+                    keys.update(
+                        zip(zip(contexts, systems, strict=True), range(base, base + len(ids)), strict=True)
+                    )
+        finally:
+            promote_to_oldest()
     return len(keys)
 
 
