@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -21,8 +20,8 @@ import pytest
 from pytest_evalreplay.plugin import hookspecs, options
 
 if TYPE_CHECKING:
+    from pytest_evalreplay.plugin.collection import Planned
     from pytest_evalreplay.report.summary import Summary
-    from pytest_evalreplay.run.selection import Entry
     from pytest_evalreplay.run.session import EvalSession
     from pytest_evalreplay.settings import Settings
 
@@ -100,10 +99,7 @@ class EvalReplayPlugin:
         self._session: EvalSession | None = None
         self._summary: Summary | None = None
         self._finished: list[pytest.Item] = []
-        self._deselected_all = False
-        self._deselected = 0  # reused items deselected (the rest of the reused run, reported skipped)
-        self._unplanned = 0  # tasks collected by --collect-only with no provider chosen
-        self._shard_lines: list[str] = []
+        self._planned: Planned | None = None  # what the collection decided (plugin/collection.py)
         self._gc_thresholds: tuple[int, int, int] | None = None  # before evals_collected, restored at the end
 
     def evals_collected(self) -> None:
@@ -144,41 +140,9 @@ class EvalReplayPlugin:
         return self._summary
 
     def _make_session(self) -> EvalSession:
-        from pytest_evalreplay.plugin.items import SESSION_KEY
-        from pytest_evalreplay.providers import ProviderHost
-        from pytest_evalreplay.report.progress import FileProgress, TerminalProgress
-        from pytest_evalreplay.run.context import WorkerInfo
-        from pytest_evalreplay.run.session import EvalSession
+        from pytest_evalreplay.plugin.wiring import make_session
 
-        config, settings = self.config, self.settings
-        workerinput = getattr(config, "workerinput", None)
-        worker = None
-        if workerinput is not None:
-            worker = WorkerInfo(
-                int(workerinput.get("workerid", "gw0")[2:] or 0), workerinput.get("workercount", 1)
-            )
-        session = EvalSession(
-            settings=settings,
-            output=lambda: output_dir(config, settings),
-            run_id=(workerinput or {}).get("evalreplay_run_id"),
-            host=ProviderHost(
-                settings, lambda kind: config.hook.pytest_evalreplay_make_provider(config=config, kind=kind)
-            ),
-            progress=(
-                FileProgress(lambda: session.output, workerinput["workerid"], settings.progress_interval)
-                if workerinput is not None
-                else TerminalProgress(
-                    config, settings.quiet, settings.provider == "replay", settings.progress_interval
-                )
-            ),
-            worker=worker,
-            snapshot=(workerinput or {}).get("evalreplay_snapshot"),
-            seed=(workerinput or {}).get("evalreplay_seed"),
-            rootdir=Path(config.rootpath),
-            invocation=(config.invocation_params.args, Path(config.invocation_params.dir), config.inipath),
-        )
-        config.stash[SESSION_KEY] = session
-        return session
+        return make_session(self.config, self.settings)
 
     @property
     def active(self) -> bool:
@@ -220,8 +184,14 @@ class EvalReplayPlugin:
         `pytest_collection_modifyitems` (-k, -m, --lf, --sw, pytest-randomly
         and wrappers included), before the terminal counts what was collected
         and before an xdist worker reports its collection."""
-        self._plan(session, session.config, session.items)
+        if "pytest_evalreplay.plugin.items" in sys.modules:  # else no eval item exists (makeitem)
+            from pytest_evalreplay.plugin.collection import Planned, plan
+
+            self._planned = Planned()
+            plan(self._planned, session.config, session.items, self.settings, lambda: self.session)
         if self.active:
+            from pytest_evalreplay.plugin.wiring import failures_left
+
             self.session.ctx.failures_left = lambda: failures_left(session)
         if self.active and not session.config.option.collectonly:
             from pytest_evalreplay.model import EvalReplayError
@@ -237,111 +207,16 @@ class EvalReplayPlugin:
             groups = item_groups(session.items, self.session.runs, int(workerinput.get("workercount", 1)))
             send_collection(self.session.output, workerinput, self.collection_lines(), groups)
 
-    def _plan(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """Gather the eval items, plan their tasks, and apply the selection
-        (`run/selection.py` decides what is deselected and the order)."""
-        if "pytest_evalreplay.plugin.items" not in sys.modules:
-            return  # no eval item can exist before its module is imported (pytest_pycollect_makeitem)
-        from pytest_evalreplay.plugin.items import TaskItem
-        from pytest_evalreplay.run import selection
-
-        eval_items = [item for item in items if isinstance(item, TaskItem)]
-        if not eval_items:
-            return
-        tasks: dict[str, tuple[Any, list[tuple[int, str, int]]]] = {}
-        for item in eval_items:
-            entry = tasks.setdefault(item.task.name, (item.task, []))
-            if entry[0] is not item.task:
-                raise pytest.UsageError(
-                    f"two different tasks are named {item.task.name!r} ({item.nodeid}); task names must "
-                    "be unique in a session (they name run dir files)"
-                )
-            if (key := _entry(item).key) is not None:
-                entry[1].append(key)
-        opts = selection.Options(
-            resume=self.settings.resume,
-            report_reused=self.settings.report_reused,
-            no_generate=self.settings.no_generate,
-            collect_only=bool(config.option.collectonly),
-            serial=not hasattr(config, "workerinput"),
-            replay=self.settings.provider == "replay",
-        )
-        shard = self.settings.shard
-        if shard is not None:  # every shard collects every item; the others' are deselected
-            entries = [_entry(i) for i in items]
-            self._shard_lines = selection.shard_lines(shard, entries)
-            self._drop(config, items, [items[n] for n in selection.not_this_shard(shard, entries)])
-            for name, (_, keys) in tasks.items():
-                keys[:] = selection.owned(shard, name, keys)
-        if opts.collect_only and self.settings.provider is None:
-            self._unplanned = len(tasks)  # reuse is by provider: without one there is nothing to plan
-            return
-        from pytest_evalreplay.model import EvalReplayError
-
-        try:
-            self.session.register(list(tasks.values()), collect_only=opts.collect_only)
-            done = self.session.rescore_reused() if opts.rescores_reused else {}
-        except EvalReplayError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        reused = (
-            {(name, key) for name, keys in done.items() for key in keys} if opts.deselects_reused else set()
-        )
-        held = self.session.hold_back() if opts.holds_back else {}
-        waiting = {(run.name, key) for run in self.session.runs.values() for key in run.waiting}
-        chosen = selection.select([_entry(i) for i in items], held, waiting, reused)
-        planned = list(items)
-        for group in chosen.drops:
-            self._drop(config, items, [planned[n] for n in group])
-        if chosen.reused:
-            self._deselected = chosen.reused
-        self._shard_lines += chosen.lines
-        items[:] = [planned[n] for n in chosen.order]
-
-    def _drop(self, config: pytest.Config, items: list[pytest.Item], dropped: list[pytest.Item]) -> None:
-        """Deselect `dropped` (pytest's own way: -k, --lf and the terminal count them)."""
-        if dropped:
-            self._deselected_all = len(dropped) == len(items)
-            config.hook.pytest_deselected(items=dropped)
-            ids = {id(i) for i in dropped}
-            items[:] = [i for i in items if id(i) not in ids]
-
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str] | None:
         return self.collection_lines()
 
     def collection_lines(self) -> list[str] | None:
-        """What the collection line says; an xdist worker hands it to its
-        controller (which collects nothing: see distributed.py)."""
-        if not self._unplanned and (not self.active or not self.session.runs):
+        """What the collection line says (an xdist worker hands it to its controller)."""
+        if self._planned is None:
             return None
-        from pytest_evalreplay.report.summary import plural
+        from pytest_evalreplay.plugin.collection import collection_lines
 
-        if self._unplanned:
-            return [
-                f"evalreplay: {plural(self._unplanned, 'task')}, not planned: no provider chosen "
-                "(what would run or be reused depends on it)"
-            ]
-        runs = self.session.runs.values()
-        run = sum(len(r.decisions.run) for r in runs)
-        reused = sum(len(r.decisions.reuse) for r in runs)
-        replayed = sum(len(r.replayed) for r in runs)
-        failed = sum(len(r.decisions.failed) for r in runs)
-        parts = [plural(len(self.session.runs), "task"), f"{run:,} to run"]
-        if reused:
-            gone = self._deselected
-            if gone >= reused:
-                how = "deselected"
-            elif gone == 0:
-                how = "reported skipped"
-            else:  # an EloEval's reused items beside a task's
-                how = f"{gone:,} deselected, {reused - gone:,} reported skipped"
-            if reused > replayed:
-                parts.append(f"{reused - replayed:,} reused from the journal ({how})")
-            if replayed:
-                parts.append(f"{replayed:,} replayed from the saved run ({how})")
-        if failed:
-            parts.append(f"{failed:,} failed for good before")
-        status = [*self._shard_lines, *self.session.status()]
-        return ["evalreplay: " + ", ".join(parts), *(f"evalreplay: {line}" for line in status)]
+        return collection_lines(self._planned, self._session)
 
     # -- reports and the end -----------------------------------------------------
 
@@ -362,114 +237,25 @@ class EvalReplayPlugin:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if not self.active:
             return
-        if self._deselected_all and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        nothing_left = self._planned is not None and self._planned.deselected_all
+        if nothing_left and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
             session.exitstatus = pytest.ExitCode.OK  # everything was reused: nothing had to run
-        from pytest_evalreplay.model import EvalReplayError
+        from pytest_evalreplay.plugin.finish import finish
 
-        ev = self.session
-        try:
-            ev.finish()
-        except EvalReplayError as exc:
-            ev.notes.append(f"run dir not written: {exc}")
-        ev.close_provider()  # before the summary, so a close() that fails is in its notes
-        for name, doc in ev.docs.items():
-            self.summary.add_doc(name, doc.seen, doc.doc, doc.extra())
-        if ev.output_resolved is not None:
-            from pytest_evalreplay.storage.files import shown_path
-
-            self.summary.run_dir = str(shown_path(ev.output_resolved))
-        for note in ev.notes:
-            self.summary.add_note(note)
-        workeroutput = getattr(session.config, "workeroutput", None)
-        if workeroutput is not None:  # a pytest-xdist worker: the controller prints the summary
-            workeroutput["evalreplay"] = {
-                "docs": {n: [d.seen, d.doc, d.extra()] for n, d in ev.docs.items()},
-                "notes": list(ev.notes),
-                "run_dir": self.summary.run_dir,
-            }
+        finish(self.session, lambda: self.summary, session.config)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self._summary is None:
             return
-        if self.settings.compare is not None:
-            self.summary.compare_with(self.settings.compare)
-        self.summary.terminal(terminalreporter)
-        if self.settings.report is not None:
-            from pytest_evalreplay.model import EvalReplayError
-            from pytest_evalreplay.report.summary import github_step_summary
+        from pytest_evalreplay.plugin.finish import report
 
-            try:
-                markdown = self.summary.write_markdown(self.settings.report)
-                where = github_step_summary(markdown)
-            except (EvalReplayError, OSError) as exc:
-                terminalreporter.write_line(f"evalreplay: report not written: {exc}")
-            else:
-                if where is not None:
-                    terminalreporter.write_line(
-                        f"evalreplay: report appended to $GITHUB_STEP_SUMMARY ({where})"
-                    )
-        if self.settings.html is not None:
-            self._write_html(terminalreporter, self.settings.html)
-
-    def _write_html(self, terminalreporter: pytest.TerminalReporter, path: Path) -> None:
-        """The HTML report of the run dir this session wrote (with the gates'
-        verdicts, which the run dir does not keep), or a line saying why not."""
-        from pytest_evalreplay.model import EvalReplayError
-        from pytest_evalreplay.report.html import write_report
-
-        run_dir = self.summary.run_dir
-        if run_dir is None or not self.summary.docs:
-            terminalreporter.write_line("evalreplay: HTML report not written: this session ran no eval task")
-            return
-        try:
-            size = write_report(
-                path, Path(run_dir), self.settings.compare, self.summary.gates, option="--evalreplay-html"
-            )
-        except (EvalReplayError, OSError) as exc:
-            terminalreporter.write_line(f"evalreplay: HTML report not written: {exc}")
-        else:
-            terminalreporter.write_line(f"evalreplay: HTML report written to {path} ({size:,} bytes)")
+        report(self.summary, self.settings, terminalreporter)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._gc_thresholds is not None:
             gc.set_threshold(*self._gc_thresholds)
         if self._session is not None:
             self._session.close()
-
-
-def failures_left(session: pytest.Session) -> int | None:
-    """How many more failed items pytest takes before it stops (0: stopping
-    now; None: no --maxfail/-x)."""
-    if session.shouldstop or session.shouldfail:
-        return 0
-    maxfail = session.config.option.maxfail
-    return max(0, maxfail - session.testsfailed) if maxfail else None
-
-
-def _entry(item: pytest.Item) -> Entry:
-    """An item as the selection sees it (`run/selection.py`)."""
-    from pytest_evalreplay.plugin.items import GateItem, RolloutItem
-    from pytest_evalreplay.run.selection import Entry
-
-    if isinstance(item, RolloutItem):
-        return Entry(item.task.name, item.key)
-    if isinstance(item, GateItem):
-        return Entry(item.task.name, gate=True)
-    return Entry()
-
-
-def output_dir(config: pytest.Config, settings: Settings) -> Path:
-    from pytest_evalreplay.model import EvalReplayError
-
-    if settings.output is not None:
-        return settings.output
-    cache = getattr(config, "cache", None)
-    if cache is None:
-        raise EvalReplayError(
-            "pytest's cache is disabled (-p no:cacheprovider): pass --evalreplay-output=DIR "
-            "(ini evalreplay_output) for the run dir and journal"
-        )
-    return Path(cache.mkdir("evalreplay"))
 
 
 @pytest.fixture(scope="session")

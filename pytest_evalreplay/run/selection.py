@@ -1,7 +1,7 @@
 """Which collected eval items run, and in what order: the selection policy
 of a session, as pure functions over plain data.
 
-The hooks (`plugin/hooks.py`) describe each collected item as an `Entry`
+The hooks (`plugin/collection.py`) describe each collected item as an `Entry`
 (a rollout of a task, a task's gate, or anything else), call these, and
 apply the answer to pytest's item list: deselection (pytest's own way, so
 the terminal counts it) and order. Nothing here sees a pytest object, a file
