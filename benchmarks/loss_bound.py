@@ -8,6 +8,7 @@ through PYTHONPATH.
 
     python benchmarks/loss_bound.py            # 3 kills at 1,000 of 2,000, 3 throughput pairs
     python benchmarks/loss_bound.py --quick    # 1 kill at 200 of 400, 1 pair
+    python benchmarks/loss_bound.py --quick --no-throughput   # the kill only (run_all.py)
 
 1. Loss bound: a task of 2,000 instances; the server answers each after
    0.05-0.35 s (a steady stream, about 40 answers a second at concurrency
@@ -186,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=None, help="throughput pairs (default 3)")
     parser.add_argument("--kills", type=int, default=None, help="kills per side (default 3)")
     parser.add_argument("--baseline", default=BASELINE, help="the commit to compare with")
+    parser.add_argument(
+        "--no-throughput", action="store_true", help="the kills only (run_all.py's row), no throughput pairs"
+    )
     args = parser.parse_args(argv)
-    runs = args.runs or (1 if args.quick else 3)
+    runs = 0 if args.no_throughput else args.runs or (1 if args.quick else 3)
     n = QUICK_N if args.quick else LOSS_N
     kills = [n // 2] * (args.kills or (1 if args.quick else 3))
     started = time.perf_counter()
@@ -208,12 +212,13 @@ def main(argv: list[str] | None = None) -> int:
                     answered, reasked = reasked_after_kill(code, tmp / "loss", n, k)
                     loss[code.name].append((k, answered, reasked))
             times: dict[str, list[Measure]] = {new.name: [], old.name: []}
-            with StubServer("stub-model") as stub:
-                timed_run(new, tmp / "warm", stub.url)  # fills the bytecode and file caches
-                timed_run(old, tmp / "warm", stub.url)
-                for i in range(runs):
-                    for code in (new, old) if i % 2 == 0 else (old, new):
-                        times[code.name].append(timed_run(code, tmp / "tp", stub.url))
+            if runs:
+                with StubServer("stub-model") as stub:
+                    timed_run(new, tmp / "warm", stub.url)  # fills the bytecode and file caches
+                    timed_run(old, tmp / "warm", stub.url)
+                    for i in range(runs):
+                        for code in (new, old) if i % 2 == 0 else (old, new):
+                            times[code.name].append(timed_run(code, tmp / "tp", stub.url))
         finally:
             subprocess.run(
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], check=False
@@ -242,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         loss_ok,
         at=f"{n:,} instances, concurrency {CONCURRENCY}",
     )
+    if not runs:
+        print(f"benchmark took {time.perf_counter() - started:.0f} s")
+        return 0 if loss_ok else 1
 
     med = {
         c: (statistics.median(m.cpu for m in ms), statistics.median(m.wall for m in ms))

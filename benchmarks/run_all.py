@@ -27,15 +27,16 @@ row unless said; run a script alone with more --runs for steadier medians):
 - replay load: 1M rows as the row, 1 repeat (the script's default is 5;
   writing the 358 MB run dir and the memory runs are most of its time).
 - elo: 1,000 items / 6,000 judgments, 3 pairs (each pair costs seconds).
-- loss bound: loss_bound.py --quick (1 kill at 200 of 400 and 1 throughput
-  pair; the script's default, 3 kills at 1,000 of 2,000, takes minutes).
+- loss bound: loss_bound.py --quick --no-throughput (1 kill at 200 of 400 on
+  each side, no throughput pairs: they are not a row of the issue; the
+  script's default, 3 kills at 1,000 of 2,000, takes minutes).
 - merge, replay, multiple choice over a server: as their scripts' options
   run them (the helpers that add those sides choose their sizes).
 
 The rows' keys by script: resume_speed.py (its replay side): replay-20k;
 shards.py --merge-vs-read: merge-3-shards; mc_server_prompts.py:
-mc-openai-prompts; loss_bound.py --quick: kill-reasked (its 1 kill at 200
-of 400 with 1 pair; the issue's 1,000 of 2,000, median of 3 kills, is the
+mc-openai-prompts; loss_bound.py --quick --no-throughput: kill-reasked (its 1
+kill at 200 of 400; the issue's 1,000 of 2,000, median of 3 kills, is the
 script's default and takes minutes more).
 
 Time shares: each script is guaranteed its budget_s seconds (less the
@@ -157,8 +158,8 @@ STEPS: tuple[Step, ...] = (
     ),
     Step(
         "loss_bound.py",
-        ("--quick",),
-        ("--quick",),
+        ("--quick", "--no-throughput"),
+        ("--quick", "--no-throughput"),
         (
             Row(
                 "kill-reasked",
