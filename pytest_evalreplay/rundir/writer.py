@@ -129,16 +129,19 @@ def write_task(
     def predictions() -> Iterator[dict[str, Any]]:
         for stage, iid in keys:
             pairs = groups[(stage, iid)]
-            generations = [index.generation(gen) for _, gen in pairs]
-            note_sampling((stage, iid), [gen for _, gen in pairs], generations)
-            if postprocess is not None:
-                generations = [postprocess(g) for g in generations]
-            generations = [without_saved_sampling(g) for g in generations]
+            gens = [gen for _, gen in pairs]
+            gen_rows: Sequence[Any] | None = None if postprocess is not None else as_saved(index, gens, run)
+            if gen_rows is None:
+                generations = [index.generation(gen) for gen in gens]
+                note_sampling((stage, iid), gens, generations)
+                if postprocess is not None:
+                    generations = [postprocess(g) for g in generations]
+                gen_rows = [without_saved_sampling(g).to_row() for g in generations]
             yield prediction_row(
                 iid,
                 stage,
                 outcome.model,
-                [g.to_row() for g in generations],
+                gen_rows,
                 [dict(i.scores) if i.status == "ok" and i.scores is not None else None for i, _ in pairs],
                 [i.key[2] for i, _ in pairs],
                 num_samples,
@@ -156,6 +159,23 @@ def write_task(
     atomic_write(files["requests"], _jsonl(requests()))
     if metrics:
         atomic_write(files["metrics"], orjson.dumps(outcome.to_doc(run), option=orjson.OPT_INDENT_2))
+
+
+_SAVED_SAMPLING_FIELD = orjson.dumps(SAVED_SAMPLING) + b":"
+
+
+def as_saved(index: JournalIndex, gens: Sequence[GenRef], run: str) -> list[orjson.Fragment] | None:
+    """The generations' JSON as the journal holds it, where that is what
+    decoding and encoding them again writes (so the run dir need not decode
+    rows the session already decoded for their scores): rows this run wrote,
+    from `Generation.to_row`, with no saved sampling to move to the requests
+    row. None: they are to be decoded."""
+    if any(gen.run != run for gen in gens):
+        return None  # an earlier run's row may be in an earlier version's layout
+    pieces = [index.generation_json(gen) for gen in gens]
+    if any(_SAVED_SAMPLING_FIELD in piece for piece in pieces):
+        return None
+    return [orjson.Fragment(piece) for piece in pieces]
 
 
 def check_named_rows(index: JournalIndex, gen: GenRef) -> None:
