@@ -352,8 +352,9 @@ class JournalIndex:
     def generation_json(self, ref: GenRef) -> bytes:
         """A gen row's generation as the journal holds its JSON, not decoded.
         For rows this code wrote (`rows.gen_row`): there the generation is the
-        last field and no field before it holds an object, and JSON text holds
-        `,"` only between fields, so the first `,"generation":` is its own."""
+        last field and every field before it a string or number, and a JSON
+        string cannot hold `,"` (its quotes are escaped), so the first
+        `,"generation":` is that field's."""
         line = self.read_line(ref.offset, ref.length)
         at = line.find(_GENERATION_FIELD)
         if at < 0 or not line.startswith(b'{"type":"gen",') or not line.endswith(b"}}"):
