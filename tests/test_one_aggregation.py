@@ -10,6 +10,8 @@ import sys
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pytest_evalreplay import EvalTask
 from pytest_evalreplay.numbers.metrics import instance_means, task_means
@@ -108,3 +110,34 @@ def test_session_evaluate_and_snapshot_agree_exactly(pytester: pytest.Pytester):
     pooled = load_run_dir(run).tasks["t"].scores
     assert pooled == evaluated.scores
     assert pooled["q0"]["read"] != fsum_means(SCORES)[0]["q0"] or COMPENSATED_SUM
+
+
+def means_all_at_once(samples: list[tuple[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """instance_means as it was written before it summed one instance at a time."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for iid, scores in samples:
+        slot = sums.setdefault(iid, {})
+        for name, value in scores.items():
+            slot.setdefault(name, []).append(value)
+    return {iid: {n: sum(v) / len(v) for n, v in m.items()} for iid, m in sums.items()}
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["q0", "q1", "q2"]),
+            st.dictionaries(st.sampled_from(["a", "b"]), st.floats(-1e3, 1e3), max_size=2),
+        ),
+        max_size=12,
+    ),
+    st.booleans(),
+)
+def test_instance_means_sum_in_the_order_given_whether_or_not_instances_come_together(
+    samples: list[tuple[str, dict[str, float]]], grouped: bool
+) -> None:
+    if grouped:  # as a run's items come: instance by instance, in order within each
+        samples.sort(key=lambda pair: pair[0])
+    means = instance_means(iter(samples))
+    assert means == means_all_at_once(samples)
+    assert list(means) == list(means_all_at_once(samples))
+    assert [list(m) for m in means.values()] == [list(m) for m in means_all_at_once(samples).values()]

@@ -19,6 +19,8 @@ from pytest_evalreplay.model import EvalReplayError, Generation
 from pytest_evalreplay.storage.files import ReadFile, os_error
 from pytest_evalreplay.storage.lines import check_line_lengths
 
+_GENERATION_FIELD = b',"generation":'
+
 
 class GenRef(NamedTuple):
     """Where a `gen` row is, and what it answered (its text stays on disk).
@@ -322,24 +324,42 @@ class JournalIndex:
 
     # -- reading rows back ---------------------------------------------------
 
-    def read_row(self, offset: int, length: int) -> dict[str, Any]:
-        """The row at a position this index recorded (a `gen` or `request` row)."""
+    def read_line(self, offset: int, length: int) -> bytes:
+        """The bytes of the row at a position this index recorded."""
         try:  # one descriptor kept open (a run dir reads back every generation), reopened for a new file
             if self._reader is None or self._reader[1] != self.file_id:
                 self._reader = (ReadFile(self.path), self.file_id)
-            line = self._reader[0].read(offset, length)
+            return self._reader[0].read(offset, length)
         except OSError as exc:
             raise os_error(self.path, exc, "read the journal") from None
+
+    def read_row(self, offset: int, length: int) -> dict[str, Any]:
+        """The row at a position this index recorded (a `gen` or `request` row)."""
         try:
-            row = orjson.loads(line)
+            row = orjson.loads(self.read_line(offset, length))
         except orjson.JSONDecodeError:
             row = None
         if not isinstance(row, dict):
-            raise EvalReplayError(
-                f"{self.path}: the journal changed under this session (a row moved); "
-                "another process rewrote it: run again with --resume"
-            )
+            raise self._moved()
         return row
+
+    def _moved(self) -> EvalReplayError:
+        return EvalReplayError(
+            f"{self.path}: the journal changed under this session (a row moved); "
+            "another process rewrote it: run again with --resume"
+        )
+
+    def generation_json(self, ref: GenRef) -> bytes:
+        """A gen row's generation as the journal holds its JSON, not decoded.
+        For rows this code wrote (`rows.gen_row`): there the generation is the
+        last field and every field before it a string or number, and a JSON
+        string cannot hold `,"` (its quotes are escaped), so the first
+        `,"generation":` is that field's."""
+        line = self.read_line(ref.offset, ref.length)
+        at = line.find(_GENERATION_FIELD)
+        if at < 0 or not line.startswith(b'{"type":"gen",') or not line.endswith(b"}}"):
+            raise self._moved()
+        return line[at + len(_GENERATION_FIELD) : -1]
 
     def generation(self, ref: GenRef) -> Generation:
         row = self.read_row(ref.offset, ref.length)

@@ -33,7 +33,8 @@ except ImportError:  # Windows: no flock; workers' claims are not taken there
 
 from pytest_evalreplay.journal.index import GenRef, JournalIndex
 from pytest_evalreplay.model import EvalReplayError, Generation, RequestKey
-from pytest_evalreplay.numbers.metrics import ItemOutcome, TaskOutcome
+from pytest_evalreplay.numbers.metrics import TaskOutcome
+from pytest_evalreplay.rundir.order import by_instance, saved_items
 from pytest_evalreplay.storage.files import (
     NoFollowLock,
     atomic_write,
@@ -90,18 +91,9 @@ def write_task(
     holds the task lock). Only generations the outcome stands on are saved;
     `doc_of` gives each instance's document for its predictions rows (an
     lm-eval task's)."""
-    order = {iid: i for i, iid in enumerate(instance_order)}
-    groups: dict[
-        RequestKey, list[tuple[ItemOutcome, GenRef]]
-    ] = {}  # each item with the generation it stands on
-    for item in outcome.items:
-        if item.gen is not None and item.status != "missing":
-            groups.setdefault((item.key[0], item.key[1]), []).append((item, item.gen))
-    keys = sorted(groups, key=lambda k: (order.get(k[1], len(order)), k[1], k[0]))
-    for key in keys:
-        groups[key].sort(key=lambda pair: pair[0].key[2])
-        for _, gen in groups[key]:
-            check_named_rows(index, gen)
+    for _, gen in saved_items(outcome.items):
+        check_named_rows(index, gen)
+    instances = by_instance(outcome.items, instance_order)  # each instance's items, in the row order
 
     # The sampling a replayed instance's generations were made with, when the
     # replay provider said it differs from the one asked (and they agree):
@@ -119,26 +111,28 @@ def write_task(
     # Rows are streamed from the journal into the files, a line at a time, so
     # a large task's texts are never all in memory at once.
     def requests() -> Iterator[dict[str, Any]]:
-        for stage, iid in keys:
-            gens = [gen for _, gen in groups[(stage, iid)]]
+        for pairs in instances:
+            (stage, iid, _), gens = pairs[0][0].key, [gen for _, gen in pairs]
             content: dict[str, Any] = dict(index.request(gens[0].request) or {})
             if (saved := made_with.get((stage, iid))) is not None:
                 content["sampling"] = saved
             yield request_row(iid, stage, content, num_samples)
 
     def predictions() -> Iterator[dict[str, Any]]:
-        for stage, iid in keys:
-            pairs = groups[(stage, iid)]
-            generations = [index.generation(gen) for _, gen in pairs]
-            note_sampling((stage, iid), [gen for _, gen in pairs], generations)
-            if postprocess is not None:
-                generations = [postprocess(g) for g in generations]
-            generations = [without_saved_sampling(g) for g in generations]
+        for pairs in instances:
+            (stage, iid, _), gens = pairs[0][0].key, [gen for _, gen in pairs]
+            gen_rows: Sequence[Any] | None = None if postprocess is not None else as_saved(index, gens, run)
+            if gen_rows is None:
+                generations = [index.generation(gen) for gen in gens]
+                note_sampling((stage, iid), gens, generations)
+                if postprocess is not None:
+                    generations = [postprocess(g) for g in generations]
+                gen_rows = [without_saved_sampling(g).to_row() for g in generations]
             yield prediction_row(
                 iid,
                 stage,
                 outcome.model,
-                [g.to_row() for g in generations],
+                gen_rows,
                 [dict(i.scores) if i.status == "ok" and i.scores is not None else None for i, _ in pairs],
                 [i.key[2] for i, _ in pairs],
                 num_samples,
@@ -156,6 +150,23 @@ def write_task(
     atomic_write(files["requests"], _jsonl(requests()))
     if metrics:
         atomic_write(files["metrics"], orjson.dumps(outcome.to_doc(run), option=orjson.OPT_INDENT_2))
+
+
+_SAVED_SAMPLING_FIELD = orjson.dumps(SAVED_SAMPLING) + b":"
+
+
+def as_saved(index: JournalIndex, gens: Sequence[GenRef], run: str) -> list[orjson.Fragment] | None:
+    """The generations' JSON as the journal holds it, where that is what
+    decoding and encoding them again writes (so the run dir need not decode
+    rows the session already decoded for their scores): rows this run wrote,
+    from `Generation.to_row`, with no saved sampling to move to the requests
+    row. None: they are to be decoded."""
+    if any(gen.run != run for gen in gens):
+        return None  # an earlier run's row may be in an earlier version's layout
+    pieces = [index.generation_json(gen) for gen in gens]
+    if any(_SAVED_SAMPLING_FIELD in piece for piece in pieces):
+        return None
+    return [orjson.Fragment(piece) for piece in pieces]
 
 
 def check_named_rows(index: JournalIndex, gen: GenRef) -> None:

@@ -138,18 +138,19 @@ def prediction_row(
     instance_id: str,
     stage: int,
     model: str | None,
-    generations: Sequence[Mapping[str, Any]],
+    generations: Sequence[Mapping[str, Any] | orjson.Fragment],
     sample_scores: Sequence[Mapping[str, float] | None],
     rollouts: Sequence[int],
     num_samples: int,
     over_samples: Mapping[str, float] | None = None,
     doc: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One instance's predictions row: its saved generations (`Generation.to_row`)
-    in rollout order, each sample's scores (None where its scorer failed: the
-    generation is still saved, so a later run can score it), and the mean of
-    each metric over the samples that have it, plus `over_samples`: values
-    computed over all the samples (pass@k, maj@k). `rollouts` is written only
+    """One instance's predictions row: its saved generations (`Generation.to_row`,
+    or that row's JSON as a fragment) in rollout order, each sample's scores
+    (None where its scorer failed: the generation is still saved, so a later
+    run can score it), and the mean of each metric over the samples that have
+    it, plus `over_samples`: values computed over all the samples (pass@k,
+    maj@k). `rollouts` is written only
     when the row holds other samples than 0..num_samples-1; `doc` (an lm-eval
     task's document, so the row says what was asked) only when given, last."""
     sums: dict[str, list[float]] = {}

@@ -1,0 +1,143 @@
+"""Issue 34: in a fresh run each generation row is decoded once per session
+(for its item's score); the run dir's predictions rows take the journal's
+bytes of the generations this session wrote, byte for byte what a decode and
+re-encode writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pytest_evalreplay import Generation
+from pytest_evalreplay.journal import rows as journal
+from pytest_evalreplay.journal.index import JournalIndex
+from pytest_evalreplay.journal.rows import journal_path
+from pytest_evalreplay.numbers.metrics import ItemOutcome, TaskOutcome
+from pytest_evalreplay.rundir.writer import write_task
+
+CONFTEST = """
+from pytest_evalreplay import Generation
+
+
+class Echo:
+    kind, model = "echo", "echo-1"
+
+    def generate(self, requests):
+        return [[Generation(f"answer {r.instance_id}", finish_reason="stop") for _ in r.rollouts]
+                for r in requests]
+
+
+class Streaming(Echo):
+    kind = "streaming"
+
+    def generate_stream(self, requests):
+        yield from enumerate(self.generate(requests))
+
+
+def pytest_evalreplay_make_provider(config, kind):
+    return {"echo": Echo, "streaming": Streaming}[kind]()
+"""
+
+TASK = """
+from pytest_evalreplay import EvalTask
+
+t = EvalTask("t", [{"id": f"q{i}"} for i in range(20)], prompt="{id}", num_samples=2,
+             scorer=lambda text, i: float(text.endswith(i["id"])))
+"""
+
+
+@pytest.mark.parametrize("kind", ["echo", "streaming"])
+def test_a_fresh_run_decodes_each_generation_row_once(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    decoded: list[bytes] = []
+    loads = orjson.loads
+
+    def counting(data: Any) -> Any:
+        if bytes(data[:13]) == b'{"type":"gen"':
+            decoded.append(bytes(data))
+        return loads(data)
+
+    monkeypatch.setattr(orjson, "loads", counting)
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_t=TASK)
+    out = pytester.path / "out"
+    result = pytester.runpytest_inprocess(f"--evalreplay-provider={kind}", f"--evalreplay-output={out}")
+    result.assert_outcomes(passed=40)
+    assert len(decoded) == 40, f"{len(decoded)} decodes of 40 gen rows"
+    assert len(set(decoded)) == 40
+    predictions = [loads(line) for line in (out / "t-predictions.jsonl").read_bytes().splitlines()]
+    assert [p["generations"] for p in predictions[:1]] == [
+        [{"text": "answer q0", "finish_reason": "stop", "prompt_tokens": None, "completion_tokens": None}] * 2
+    ]
+
+
+GENERATIONS = [
+    Generation("plain"),
+    Generation(
+        'é \u2603 "quoted" \\ ,"generation":{}', finish_reason="stop", prompt_tokens=3, completion_tokens=0
+    ),
+    Generation(
+        "<think>x</think> y", original_text="<think>x</think> y", metadata={"x": [1, 2.5, None], "ü": {}}
+    ),
+    Generation(
+        "",
+        tool_calls=({"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},),
+    ),
+    Generation("", loglikelihoods=((-1.5, True), (-2.0, False))),
+]
+
+
+def journal_of(directory: Path, runs: list[str]) -> JournalIndex:
+    """Task t: instance a, one gen row per generation above (rollout n), of run `runs[n]`."""
+    items = [
+        journal.header_row("t", "r1"),
+        journal.provider_row("pv1", {"kind": "k"}),
+        journal.request_row("rq1", {"context": "Q a?", "sampling": {}}),
+        *(journal.gen_row((1, "a", n), "rq1", "pv1", runs[n], g) for n, g in enumerate(GENERATIONS)),
+    ]
+    journal_path(directory, "t").write_bytes(journal.encode(items))
+    return JournalIndex.read(directory, "t")
+
+
+def written(directory: Path, index: JournalIndex, **options: Any) -> bytes:
+    """The predictions file `write_task` writes for the index's rows."""
+    refs = [index.latest_gen((1, "a", n), "rq1", "pv1") for n in range(len(GENERATIONS))]
+    items = tuple(
+        ItemOutcome(key=(1, "a", n), status="ok", gen=ref, scores={"acc": 1.0}) for n, ref in enumerate(refs)
+    )
+    outcome = TaskOutcome("t", "m", {"acc": 1.0}, {"acc": None}, {"a": {"acc": 1.0}}, items, 1, len(items), 0)
+    directory.mkdir()
+    write_task(directory, outcome, "r1", index, ["a"], len(GENERATIONS), **options)
+    return (directory / "t-predictions.jsonl").read_bytes()
+
+
+def test_the_journals_bytes_of_this_runs_generations_are_what_a_decode_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = journal_of(tmp_path, ["r1"] * len(GENERATIONS))
+    decoded = written(tmp_path / "decoded", index, postprocess=lambda g: g)  # a postprocess: decoded
+    calls: list[Any] = []
+    monkeypatch.setattr(JournalIndex, "generation", lambda self, ref: calls.append(ref))
+    assert written(tmp_path / "raw", index) == decoded
+    assert calls == []
+    assert [Generation.from_row(g, "") for g in orjson.loads(decoded)["generations"]] == GENERATIONS
+
+
+def test_an_earlier_runs_generations_are_decoded_for_the_run_dir(tmp_path: Path) -> None:
+    index = journal_of(tmp_path, ["r0", *["r1"] * (len(GENERATIONS) - 1)])
+    calls: list[int] = []
+    decode = JournalIndex.generation
+
+    def counting(self: JournalIndex, ref: Any) -> Generation:
+        calls.append(ref.lineno)
+        return decode(self, ref)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(JournalIndex, "generation", counting)
+        row = orjson.loads(written(tmp_path / "out", index))
+    assert len(calls) == len(GENERATIONS)  # the instance's row is decoded whole
+    assert [Generation.from_row(g, "") for g in row["generations"]] == GENERATIONS
