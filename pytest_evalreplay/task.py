@@ -380,6 +380,13 @@ class EvalTask:
         """Apply the reasoning strip to a provider's raw text."""
         return reasoning_stripped(generation) if self.strip_reasoning else generation
 
+    @property
+    def rewrites_generations(self) -> bool:
+        """Whether `postprocess` may change a generation (the reasoning strip, or
+        a subclass's own): the run dir then saves what it returns, decoded,
+        not the journal's bytes of the row."""
+        return self.strip_reasoning or type(self).postprocess is not EvalTask.postprocess
+
     def score(
         self,
         text: str,

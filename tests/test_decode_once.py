@@ -141,3 +141,31 @@ def test_an_earlier_runs_generations_are_decoded_for_the_run_dir(tmp_path: Path)
         row = orjson.loads(written(tmp_path / "out", index))
     assert len(calls) == len(GENERATIONS)  # the instance's row is decoded whole
     assert [Generation.from_row(g, "") for g in row["generations"]] == GENERATIONS
+
+
+SUBCLASS = """
+import dataclasses
+
+from pytest_evalreplay import EvalTask
+
+
+class Upper(EvalTask):
+    def postprocess(self, generation):
+        return dataclasses.replace(generation, text=generation.text.upper())
+
+
+t = Upper("t", [{"id": "q0"}], prompt="{id}", scorer=lambda text, i: float(text == "ANSWER Q0"))
+"""
+
+
+def test_a_subclass_postprocess_is_what_the_run_dir_saves(pytester: pytest.Pytester) -> None:
+    """The journal's bytes are reused only where `postprocess` cannot change a
+    generation: a subclass's own postprocess is applied to the saved row too."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_t=SUBCLASS)
+    out = pytester.path / "out"
+    pytester.runpytest_inprocess("--evalreplay-provider=echo", f"--evalreplay-output={out}").assert_outcomes(
+        passed=1
+    )
+    (prediction,) = [orjson.loads(line) for line in (out / "t-predictions.jsonl").read_bytes().splitlines()]
+    assert [g["text"] for g in prediction["generations"]] == ["ANSWER Q0"]

@@ -239,6 +239,10 @@ class LmEvalMixin:
     def postprocess(self, generation: Generation) -> Generation:
         return generation
 
+    @property
+    def rewrites_generations(self) -> bool:
+        return type(self).postprocess is not LmEvalMixin.postprocess
+
     def aggregate_outcome(self, outcome: Any) -> Any:
         """The session's numbers (a `TaskOutcome`) with lm-eval's aggregation:
         each metric as `aggregation()` computes it over the documents (a

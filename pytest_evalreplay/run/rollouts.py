@@ -268,7 +268,7 @@ class Rollouts(ABC):
                 recorder.index,
                 self.instance_order,
                 self.task.num_samples,
-                postprocess=self.task.postprocess if self.task.strip_reasoning else None,
+                postprocess=self.task.postprocess if self.task.rewrites_generations else None,
                 doc_of=getattr(self.task, "saved_doc", None),  # an lm-eval task's documents
             )
             if self.task.agent is not None:
