@@ -8,9 +8,10 @@ dataclasses so their parameters are part of the config fingerprint.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,6 +232,42 @@ def numeric_match(
     extract: str | None = None, tolerance: float = 1e-6, relative: bool = False
 ) -> NumericMatch:
     return NumericMatch(extract=extract, tolerance=tolerance, relative=relative)
+
+
+def named_scores(value: Any, task: str, scorer: str) -> dict[str, float]:
+    """A scorer's return value as named float scores: a float or bool under the
+    scorer's name, or a dict that is never empty (a rollout with no score would
+    pass unscored) and has no two keys with one name once saved."""
+    if not isinstance(value, Mapping):
+        return {scorer: _as_float(value, task, scorer)}
+    where = f"task {task!r}: scorer {scorer!r}"
+    if not value:
+        raise EvalReplayError(
+            f"{where} returned no scores (an empty dict); return a float, a bool, "
+            "or a dict with at least one score"
+        )
+    out: dict[str, float] = {}
+    first: dict[str, Any] = {}
+    for k, v in value.items():
+        key = str(k)
+        if key in first:
+            raise EvalReplayError(
+                f"{where} returned keys {first[key]!r} and {k!r}, both named {key!r} once saved; "
+                "give each score its own string name"
+            )
+        first[key] = k
+        out[key] = _as_float(v, task, k)
+    return out
+
+
+def _as_float(value: Any, task: str, key: Any) -> float:
+    """A scorer's value as a float: bools and any real number (numpy's too)."""
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise EvalReplayError(
+        f"task {task!r}: scorer returned {type(value).__name__} for {key!r}; "
+        "return a float, a bool, or a dict of floats"
+    )
 
 
 def contains(normalize: bool = True) -> Contains:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import os
 import sys
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
@@ -35,6 +34,7 @@ from pytest_evalreplay.scorers import (
     BuiltinScorer,
     MultipleChoice,
     multiple_choice,
+    named_scores,
     reasoning_stripped,
 )
 
@@ -412,11 +412,7 @@ class EvalTask:
             value = self.scorer.score(text, self.target_of(instance))
         else:
             value = self.scorer(text, instance)
-        scores = (
-            self._score_dict(value)
-            if isinstance(value, Mapping)
-            else {self.scorer_name: _as_float(value, self.name, self.scorer_name)}
-        )
+        scores = named_scores(value, self.name, self.scorer_name)
         for metric in self.sample_metrics:  # a sample pass@k / maj@k cannot judge fails here, by name
             try:
                 passk.correctness(metric, scores)
@@ -456,28 +452,6 @@ class EvalTask:
             return value
         return text.strip()
 
-    def _score_dict(self, value: Mapping[Any, Any]) -> dict[str, float]:
-        """A scorer's dict as named scores: never empty (a rollout with no
-        score would pass unscored), and no two keys with one name."""
-        scorer = f"task {self.name!r}: scorer {self.scorer_name!r}"
-        if not value:
-            raise EvalReplayError(
-                f"{scorer} returned no scores (an empty dict); return a float, a bool, "
-                "or a dict with at least one score"
-            )
-        out: dict[str, float] = {}
-        first: dict[str, Any] = {}
-        for k, v in value.items():
-            key = str(k)
-            if key in first:
-                raise EvalReplayError(
-                    f"{scorer} returned keys {first[key]!r} and {k!r}, both named {key!r} once saved; "
-                    "give each score its own string name"
-                )
-            first[key] = k
-            out[key] = _as_float(v, self.name, k)
-        return out
-
     def evaluate(self, provider: Provider, max_attempts: int = 3) -> EvalResult:
         """Generate and score every instance with `provider`, outside pytest."""
         # The runner is in run/, above the data model: imported inside the method,
@@ -485,16 +459,6 @@ class EvalTask:
         from pytest_evalreplay.run.offline import evaluate
 
         return evaluate(self, provider, max_attempts)
-
-
-def _as_float(value: Any, task: str, key: Any) -> float:
-    """A scorer's value as a float: bools and any real number (numpy's too)."""
-    if isinstance(value, numbers.Real):
-        return float(value)
-    raise EvalReplayError(
-        f"task {task!r}: scorer returned {type(value).__name__} for {key!r}; "
-        "return a float, a bool, or a dict of floats"
-    )
 
 
 def _is_index(target: Any) -> bool:

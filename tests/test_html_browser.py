@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,17 @@ def browser() -> Iterator[Any]:
         launched.close()
 
 
+def wait_until(page: Any, predicate: str, arg: Any = None, timeout: float = 10.0) -> None:
+    """Poll `predicate` through page.evaluate until it holds. Not Playwright's
+    wait_for_function: Playwright 1.65.2 (seen) evals a string predicate in the page,
+    which the report's own Content-Security-Policy (no 'unsafe-eval') refuses."""
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(predicate, arg):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the page never satisfied {predicate!r} in {timeout} s")
+        page.wait_for_timeout(20)
+
+
 @dataclass
 class Opened:
     """A report open in a page, with everything it asked for and said."""
@@ -54,9 +66,7 @@ class Opened:
 
     def show(self, hash_: str) -> None:
         self.page.evaluate("h => { location.hash = h; }", hash_)
-        self.page.wait_for_function(
-            "h => document.body.dataset.ready && location.hash === '#' + h", arg=hash_
-        )
+        wait_until(self.page, "h => document.body.dataset.ready && location.hash === '#' + h", hash_)
 
     def shot(self, name: str) -> None:
         SHOTS.mkdir(parents=True, exist_ok=True)
@@ -84,7 +94,7 @@ def open_report(browser: Any, tmp_path: Path) -> Iterator[Callable[..., Opened]]
         page.on("pageerror", lambda e: opened.errors.append(str(e)))
         page.on("dialog", lambda d: (opened.dialogs.append(d.message), d.dismiss()))
         page.goto(opened.url)
-        page.wait_for_function("document.body.dataset.ready")
+        wait_until(page, "document.body.dataset.ready")
         return opened
 
     yield opener
@@ -132,7 +142,7 @@ def test_filtering_to_failed_samples_shows_exactly_the_failed_ones(open_report, 
     assert sorted(page.locator("tr.sample-row").evaluate_all(ids)) == sorted(WRONG)
     opened.shot("samples")
     page.locator('tr.sample-row[data-id="q01"]').click()
-    page.wait_for_function("document.getElementById('view').dataset.view === 'sample'")
+    wait_until(page, "document.getElementById('view').dataset.view === 'sample'")
     assert page.locator(".rollout").count() == 2
     assert page.locator("pre.raw").first.inner_text() == "<think>hmm</think>wrong"
     opened.shot("sample")
@@ -157,7 +167,7 @@ def test_the_example_agent_episode_shows_its_tool_calls(open_report) -> None:
     page = opened.page
     opened.show("episodes")
     page.locator('tr.episode-row[data-id="calc-00"]').click()
-    page.wait_for_function("document.getElementById('view').dataset.view === 'episode'")
+    wait_until(page, "document.getElementById('view').dataset.view === 'episode'")
     row = orjson.loads((SAVED / "calculator-transcripts.jsonl").read_bytes().splitlines()[0])
     calls = [c for m in row["messages"] for c in m.get("tool_calls") or ()]
     tool_calls = page.locator(".tool-call")
