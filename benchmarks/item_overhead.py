@@ -19,6 +19,15 @@ within 1.2x of the first, or within 10 us of it, below what one pair resolves).
 --choices K makes the task multiple choice (K choices per question, scored by
 an instant log-likelihood provider, acc and acc_norm) against the same N
 no-op tests. Each row also prints a RESULT line (benchmarks/results.py).
+
+The floor, beside them in each pair: the same N bare tests plus the least a
+harness that keeps a crash to the item in flight must do per item: its
+request (prompt, and for multiple choice its K continuations) fingerprinted
+(orjson with sorted keys, sha256), its answer a journal line written with one
+os.write(2), and at the session's end the run dir's rows (requests and
+predictions, one orjson line each). Printed as each row's `floor` (its
+ratios to bare): where the floor is under the goal, the floor is not what
+misses it.
 """
 
 from __future__ import annotations
@@ -79,6 +88,54 @@ mc = EvalTask(
 """
 
 
+_FLOOR = """
+import hashlib
+import os
+
+import orjson
+import pytest
+
+CHOICES = [f"answer {{c}}" for c in range({choices})]
+JOURNAL = os.open(os.environ["BENCH_FLOOR_JOURNAL"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+DONE = []
+ANSWER = [{{"text": "ok", "finish_reason": "stop"}}]
+
+
+@pytest.mark.parametrize("i", range({n}))
+def test_floor(i):
+    request = {{"task": "task0", "instance_id": f"q{{i}}", "prompt": f"Question q{{i}}", "max_tokens": 256}}
+    if CHOICES:
+        request["continuations"] = CHOICES
+    digest = hashlib.sha256(orjson.dumps(request, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    score = float(i % 2)
+    row = {{"t": "gen", "key": ["task0", f"q{{i}}", 0], "rq": digest, "text": "ok"}}
+    os.write(JOURNAL, orjson.dumps(row) + b"\\n")
+    DONE.append((request, digest, score))
+
+
+def write_rundir():
+    out = os.environ["BENCH_FLOOR_JOURNAL"] + ".rundir"
+    with open(out + "-requests.jsonl", "wb") as f:
+        f.writelines(orjson.dumps({{"digest": d, **r}}) + b"\\n" for r, d, _ in DONE)
+    with open(out + "-predictions.jsonl", "wb") as f:
+        f.writelines(
+            orjson.dumps({{"instance_id": r["instance_id"], "generations": ANSWER, "scores": {{"score": s}}}})
+            + b"\\n"
+            for r, _, s in DONE
+        )
+"""
+
+
+def floor_project(root: Path, items: int, choices: int) -> Path:
+    """The bare tests plus the floor's work per item (see the module's docstring)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "conftest.py").write_text(
+        "import sys\n\n\ndef pytest_sessionfinish(session):\n    sys.modules['test_floor'].write_rundir()\n"
+    )
+    (root / "test_floor.py").write_text(_FLOOR.format(n=items, choices=choices))
+    return root
+
+
 def mc_project(root: Path, items: int, choices: int) -> Path:
     """One multiple-choice task of `items` questions, `choices` choices each."""
     root.mkdir(parents=True, exist_ok=True)
@@ -87,24 +144,32 @@ def mc_project(root: Path, items: int, choices: int) -> Path:
     return root
 
 
-def compare(tmp: Path, items: int, runs: int, choices: int = 0) -> Compared:
+def compare(tmp: Path, items: int, runs: int, choices: int = 0) -> tuple[Compared, Compared]:
+    """The plugin against bare pytest, and the floor against the same bare
+    runs, in pairs whose order rotates so that load drifts hit every side alike."""
     if choices:
         project = mc_project(tmp / f"mc-{items}", items, choices)
     else:
         project = eval_project(tmp / f"eval-{items}", items)
     bare = bare_project(tmp / f"bare-{items}", items)
+    least = floor_project(tmp / f"floor-{items}", items, choices)
     out = tmp / f"out-{items}"
-    plugin: list[Measure] = []
-    baseline: list[Measure] = []
-    for n in range(runs):  # alternate which goes first, so load drifts hit both alike
-        for side in ("plugin", "bare") if n % 2 == 0 else ("bare", "plugin"):
+    sides: dict[str, list[Measure]] = {"plugin": [], "bare": [], "floor": []}
+    order = list(sides)
+    for n in range(runs):
+        for side in order[n % 3 :] + order[: n % 3]:
             if side == "plugin":
                 m = run_pytest(project, eval_args(out))
                 expect_in(m, f"{items:,} generated, 0 reused")
-                plugin.append(m)
+            elif side == "bare":
+                m = run_pytest(bare, BARE)
             else:
-                baseline.append(run_pytest(bare, BARE))
-    return Compared(plugin, baseline)
+                m = run_pytest(
+                    least, BARE, env={"BENCH_FLOOR_JOURNAL": str(tmp / f"floor-{items}-{n}.jsonl")}
+                )
+                expect_in(m, f"{items} passed")
+            sides[side].append(m)
+    return Compared(sides["plugin"], sides["bare"]), Compared(sides["floor"], sides["bare"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(name)
         warm_up(tmp)
         for items in sizes:
-            c = compare(tmp, items, args.runs, args.choices)
+            c, fl = compare(tmp, items, args.runs, args.choices)
             over[items] = c.median("a", "cpu") - c.median("b", "cpu")
             print(
                 f"{items:,} {kind} items, median of {args.runs} run(s) each: "
@@ -144,12 +209,19 @@ def main(argv: list[str] | None = None) -> int:
             print(c.line("maxrss_mib", "peak RSS", "MiB", "plugin", "bare"))
             per_item = (c.median("a", "cpu") - c.median("b", "cpu")) / items * 1000
             extra = (c.median("a", "maxrss_mib") - c.median("b", "maxrss_mib")) * 1024 / items
+            print(fl.line("cpu", "floor CPU", "s", "floor ", "bare"))
+            print(fl.line("maxrss_mib", "floor RSS", "MiB", "floor ", "bare"))
             print(f"  per item : plugin's marginal CPU {per_item:.3f} ms, peak RSS {extra:.2f} KiB over bare")
             ok = c.ratio("maxrss_mib") <= RSS_GOAL
             fast = c.ratio("cpu") <= CPU_GOAL
             missed |= not (ok and fast)
             print(f"  goal     : peak RSS <= {RSS_GOAL}x bare -> {verdict(ok)}")
             print(f"  goal     : CPU <= {CPU_GOAL}x bare -> {verdict(fast)}")
+            under = fl.ratio("cpu") <= CPU_GOAL and fl.ratio("maxrss_mib") <= RSS_GOAL
+            print(
+                f"  floor    : {fl.ratio('cpu'):.2f}x / {fl.ratio('maxrss_mib'):.2f}x bare: "
+                + ("under the goal, so not what misses it" if under else "above a goal: the work's own cost")
+            )
             report(
                 f"{prefix}-{label(items)}",
                 f"{c.median('b', 'cpu'):.2f} s / {c.median('b', 'maxrss_mib'):.0f} MiB",
@@ -157,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{c.ratio('cpu'):.2f}x / {c.ratio('maxrss_mib'):.2f}x",
                 f"{CPU_GOAL}x / {RSS_GOAL}x",
                 ok and fast,
+                floor=f"{fl.ratio('cpu'):.2f}x / {fl.ratio('maxrss_mib'):.2f}x of bare",
             )
     if args.slope:
         missed |= not slope_row(prefix, args.slope, over)
