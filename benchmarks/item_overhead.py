@@ -157,7 +157,7 @@ def compare(tmp: Path, items: int, runs: int, choices: int = 0) -> tuple[Compare
     sides: dict[str, list[Measure]] = {"plugin": [], "bare": [], "floor": []}
     order = list(sides)
     for n in range(runs):
-        for side in order[n % 3 :] + order[: n % 3]:
+        for side in order[n % len(order) :] + order[: n % len(order)]:
             if side == "plugin":
                 m = run_pytest(project, eval_args(out))
                 expect_in(m, f"{items:,} generated, 0 reused")
