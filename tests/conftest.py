@@ -68,6 +68,20 @@ def vllm_provider(tiny_llama: Path, engine_args: dict[str, Any]) -> Iterator[Any
         provider.close()
 
 
+@pytest.fixture(autouse=True)
+def _no_bytecode_in_projects(request: pytest.FixtureRequest) -> Iterator[None]:
+    """No .pyc written for a pytester project's modules. Tests rewrite a
+    project's test module between in-process runs, and pytest before 9 keys its
+    rewritten-module cache on mtime (whole seconds) and size: a same-size edit
+    within the second would be served the old module. Child pytests get -B."""
+    if "pytester" not in request.fixturenames:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "dont_write_bytecode", True)
+        yield
+
+
 @pytest.fixture
 def unreadable(monkeypatch: pytest.MonkeyPatch) -> Iterator[Unreadable]:
     """`unreadable(path)`: that path cannot be read, listed or entered, for root too."""

@@ -6,7 +6,6 @@ across runs (and across processes, where a test needs a real interrupt)."""
 from __future__ import annotations
 
 import shutil
-import sys
 
 import orjson
 import pytest
@@ -103,9 +102,6 @@ ITEMS = 4  # 2 instances x 2 samples
 
 @pytest.fixture
 def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
-    # Tests here rewrite test_evals.py between runs: with bytecode caching off,
-    # a same-size edit within the same second can never be served a stale .pyc.
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)
     log = pytester.path / "calls.jsonl"
     monkeypatch.setenv("CALL_LOG", str(log))
     pytester.makeconftest(CONFTEST)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 
 import orjson
 import pytest
@@ -57,7 +56,6 @@ t = EvalTask("t", [{{"id": f"i{{n}}"}} for n in range({n})], prompt="Q {{id}}", 
 
 @pytest.fixture
 def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)
     log = pytester.path / "calls.jsonl"
     monkeypatch.setenv("CALL_LOG", str(log))
     pytester.makeconftest(CONFTEST)
