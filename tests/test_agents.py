@@ -57,6 +57,25 @@ def test_episodes_run_batched_with_tools_and_report_turns(project):
     assert pred["generations"][0]["text"] == "The answer is 6"
 
 
+def test_episodes_that_end_together_write_their_answers_in_one_write(project, monkeypatch):
+    from pytest_evalreplay.journal import rows as journal_rows
+
+    writes: list[tuple[str, bytes]] = []
+    real = journal_rows.append_durably
+
+    def counted(path, blob):
+        writes.append((path.name, blob))
+        return real(path, blob)
+
+    monkeypatch.setattr(journal_rows, "append_durably", counted)
+    project.runpytest("--evalreplay-output=run").assert_outcomes(passed=6)
+    answers = [blob.count(b'"type":"gen"') for name, blob in writes if name == "sums-journal.jsonl"]
+    assert sum(answers) == 6 and len([n for n in answers if n]) <= 2  # not a write per episode
+    lines = (project.path / "run" / "sums-turns-journal.jsonl").read_bytes().splitlines()
+    episodes = [n for n, line in enumerate(lines) if b"|episode" in line and b'"type":"gen"' in line]
+    assert len(episodes) == 6  # every transcript is in the turns journal
+
+
 def test_async_agents_run_in_one_loop(project):
     project.makepyfile(
         test_sums=AGENT.replace("def solve(", "async def solve(")

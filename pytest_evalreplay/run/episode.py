@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -34,10 +34,12 @@ from pytest_evalreplay.model import (
 )
 from pytest_evalreplay.numbers.sources import Answer, Source
 from pytest_evalreplay.run.context import ProviderExit
-from pytest_evalreplay.run.endpoint import Endpoint
 from pytest_evalreplay.run.turnbatcher import TurnBatcher
 from pytest_evalreplay.task import EvalTask, validate_sampling
 from pytest_evalreplay.values.credentials import configured_secrets, redact
+
+if TYPE_CHECKING:  # the endpoint (http.server) is imported only when an agent asks for it
+    from pytest_evalreplay.run.endpoint import Endpoint
 
 TOOL_IDENTITY = {"kind": "tool"}
 TOOL_PV = digest(TOOL_IDENTITY)

@@ -15,7 +15,11 @@ tool), and from the first that does not the episode is live. A replay
 (`--evalreplay-predictions`) answers turns and tools from the saved run's
 transcripts instead. The final answer is the rollout's `gen` row in the
 task's journal; a failed episode, its `fail` row; either way the transcript
-so far is kept for the run dir.
+so far is kept for the run dir. An ended episode's rows wait for the next
+batch's write (its transcript first, then its answer in the task's journal),
+so the episodes that end together cost two writes, not two each: a kill
+before then loses no model turn, only the agent's re-run over its journaled
+turns on `--resume`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_evalreplay.agent import LLM, AsyncLLM, Command, ToolSlot, TurnFailed
 from pytest_evalreplay.journal import transcripts
@@ -36,12 +40,14 @@ from pytest_evalreplay.model import EvalReplayError, Generation, Request, reques
 from pytest_evalreplay.numbers.planning import TaskPlan
 from pytest_evalreplay.numbers.sources import Answer, Mode, answer_source
 from pytest_evalreplay.run.context import ProgressSink, ProviderExit, RunContext
-from pytest_evalreplay.run.endpoint import Endpoint
 from pytest_evalreplay.run.episode import TOOL_IDENTITY, TOOL_PV, Episode
 from pytest_evalreplay.run.generation import stream_into_journal
 from pytest_evalreplay.run.turnbatcher import TurnBatcher
 from pytest_evalreplay.storage.runschema import TURNS_SUFFIX
 from pytest_evalreplay.task import EvalTask
+
+if TYPE_CHECKING:  # the endpoint (http.server) is imported only when an agent asks for it
+    from pytest_evalreplay.run.endpoint import Endpoint
 
 
 def turns_name(task: str) -> str:
@@ -82,11 +88,15 @@ class EpisodeRunner:
         self.asked: dict[str, tuple[str, dict[str, Any], str]] = {}
         self._endpoint: Endpoint | None = None
         self._endpoint_lock = threading.Lock()
+        # Ended episodes' rows of the task's journal, written after their transcripts (held in `turns`).
+        self._ended: list[dict[str, Any]] = []
 
     def endpoint(self) -> Endpoint:
         """The task's OpenAI-compatible endpoint, started on the first episode that asks."""
         with self._endpoint_lock:
             if self._endpoint is None:
+                from pytest_evalreplay.run.endpoint import Endpoint
+
                 self._endpoint = Endpoint(self.ctx.settings.model or "")
             return self._endpoint
 
@@ -117,7 +127,7 @@ class EpisodeRunner:
         was written, or its final failure."""
         asked = {r.instance_id: self.asked.pop(r.instance_id) for r in requests}
         # The tool results these episodes held: on disk before their turns reach the provider.
-        self.turns.write_held()
+        self._write_ended()
         answers: dict[str, Generation | Failure] = {}  # by journal id
         stream_into_journal(  # each of its writes takes the turns recorder's mutex
             self.turns,
@@ -175,10 +185,20 @@ class EpisodeRunner:
             pool.shutdown(wait=False, cancel_futures=True)
             progress.end(self.name)
             with self.lock:
+                self._write_ended()
                 self.turns.flush()
                 self.recorder.flush()
         if stop:
             raise stop[0]
+
+    def _write_ended(self) -> None:
+        """What the turns journal holds (tool results, ended episodes'
+        transcripts), then the ended episodes' rows of the task's journal,
+        which stand on those transcripts."""
+        with self.lock:
+            self.turns.write_held()
+            ended, self._ended = self._ended, []
+            self.recorder.add(ended)
 
     def _run_sync(self, key: RolloutKey, one: Callable[[Episode, Any], None]) -> None:
         episode = Episode(self, key)
@@ -247,7 +267,7 @@ class EpisodeRunner:
                     Generation("", metadata={"transcript": doc, "generated": generated}),
                 )
             )
-            self.turns.add(rows)
+            self.turns.hold(rows)  # written with the next batch (`_write_ended`), or at the end of `run`
             task = self.task
             main = (  # the request rendered only when the journal lacks its row (once per instance)
                 []
@@ -263,7 +283,7 @@ class EpisodeRunner:
                     key[0], key[1], (key[2],), self.ctx.settings.max_attempts, failure_class, message, True
                 )
                 main.append(recorder.fail(failure, rq, self.pv))
-            recorder.add(main)
+            self._ended += main
 
     # -- the run dir ------------------------------------------------------------------------
 
