@@ -126,8 +126,9 @@ class EpisodeRunner:
         """One batch of turns into the turns journal; each turn's answer as it
         was written, or its final failure."""
         asked = {r.instance_id: self.asked.pop(r.instance_id) for r in requests}
-        # The tool results these episodes held: on disk before their turns reach the provider.
-        self._write_ended()
+        # What these episodes held (tool results, ended episodes' rows): on disk before their turns
+        # reach the provider.
+        self._write_held()
         answers: dict[str, Generation | Failure] = {}  # by journal id
         stream_into_journal(  # each of its writes takes the turns recorder's mutex
             self.turns,
@@ -185,13 +186,13 @@ class EpisodeRunner:
             pool.shutdown(wait=False, cancel_futures=True)
             progress.end(self.name)
             with self.lock:
-                self._write_ended()
+                self._write_held()
                 self.turns.flush()
                 self.recorder.flush()
         if stop:
             raise stop[0]
 
-    def _write_ended(self) -> None:
+    def _write_held(self) -> None:
         """What the turns journal holds (tool results, ended episodes'
         transcripts), then the ended episodes' rows of the task's journal,
         which stand on those transcripts."""
@@ -267,7 +268,7 @@ class EpisodeRunner:
                     Generation("", metadata={"transcript": doc, "generated": generated}),
                 )
             )
-            self.turns.hold(rows)  # written with the next batch (`_write_ended`), or at the end of `run`
+            self.turns.hold(rows)  # written with the next batch (`_write_held`), or at the end of `run`
             task = self.task
             main = (  # the request rendered only when the journal lacks its row (once per instance)
                 []
