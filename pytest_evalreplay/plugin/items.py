@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 SESSION_KEY: pytest.StashKey[EvalSession] = pytest.StashKey()
 COLLECTED_KEY: pytest.StashKey[dict[int, str]] = pytest.StashKey()
 REUSED_REASON = "evalreplay: reused from journal"
-_MARK = pytest.mark.evalreplay  # one Mark shared by every item
+_MARK = pytest.mark.evalreplay  # on every task's collector
 
 
 class ItemFailed(Exception):
@@ -97,6 +97,7 @@ class TaskCollector(pytest.Collector):
     def __init__(self, *, task: EvalTask, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.task = task
+        self.add_marker(_MARK)  # its items' mark (pytest reads a node's marks up the tree)
 
     @classmethod
     def from_parent(cls, parent: pytest.Collector, *, name: str, task: EvalTask) -> TaskCollector:  # type: ignore[override]
@@ -129,6 +130,7 @@ class EloCollector(pytest.Collector):
     def __init__(self, *, eval_: EloEval, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.eval = eval_
+        self.add_marker(_MARK)
 
     @classmethod
     def from_parent(cls, parent: pytest.Collector, *, name: str, eval_: EloEval) -> EloCollector:  # type: ignore[override]
@@ -163,8 +165,8 @@ class TaskItem(pytest.Item):
         super().__init__(**kwargs)
         self.task = task
         # -k already matches the task (a parent node's name) and the instance,
-        # stage and rollout (substrings of the item's name): no extra keywords.
-        self.add_marker(_MARK)
+        # stage and rollout (substrings of the item's name); `-m evalreplay`
+        # matches the mark its collector carries: nothing more per item.
 
     @classmethod
     def from_parent(cls, parent: pytest.Collector, **kwargs: Any) -> Self:  # type: ignore[override]
@@ -258,23 +260,43 @@ def record(item: pytest.Item, result: RolloutResult) -> None:
     props = item.user_properties
     props.extend(
         [
-            ("evalreplay.task", result.task),
+            _property("evalreplay.task", result.task),
             ("evalreplay.instance", result.instance_id),
-            ("evalreplay.stage", result.stage),
-            ("evalreplay.rollout", result.rollout),
+            _property("evalreplay.stage", result.stage),
+            _property("evalreplay.rollout", result.rollout),
         ]
     )
     prefix = "verdict" if isinstance(getattr(item, "task", None), EloEval) else "score"
     for name, value in result.scores.items():
-        props.append((sys.intern(f"{prefix}.{name}"), value))  # one name object for every item
+        props.append(_property(f"{prefix}.{name}", value))
     gen = result.generation
     if gen is not None:
         if gen.finish_reason is not None:
-            props.append(("finish_reason", gen.finish_reason))
+            props.append(_property("finish_reason", gen.finish_reason))
         if gen.completion_tokens is not None:
-            props.append(("completion_tokens", gen.completion_tokens))
+            props.append(_property("completion_tokens", gen.completion_tokens))
         for name in ("turns", "tool_calls"):  # an agent's episode
             if name in gen.metadata:
-                props.append((f"agent.{name}", gen.metadata[name]))
+                props.append(_property(f"agent.{name}", gen.metadata[name]))
     if result.failure_class is not None:
-        props.append(("evalreplay.failure_class", result.failure_class))
+        props.append(_property("evalreplay.failure_class", result.failure_class))
+
+
+_PROPERTIES: dict[tuple[str, type, Any], tuple[str, Any]] = {}
+_PROPERTIES_KEPT = 4096  # distinct (name, value) pairs held: a continuous score repeats few
+
+
+def _property(name: str, value: Any) -> tuple[str, Any]:
+    """One `(name, value)` tuple for every item with that property: each of
+    an item's reports keeps a copy of its list until the session ends. Keyed
+    by type and, for floats, their exact bits (1 == 1.0 == True, 0.0 == -0.0)."""
+    key = (name, type(value), value.hex() if type(value) is float else value)
+    try:
+        shared = _PROPERTIES.get(key)
+    except TypeError:  # a provider's unhashable metadata
+        return (name, value)
+    if shared is None:
+        shared = (sys.intern(name), value)
+        if len(_PROPERTIES) < _PROPERTIES_KEPT:
+            _PROPERTIES[key] = shared
+    return shared
