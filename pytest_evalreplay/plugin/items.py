@@ -109,13 +109,10 @@ class TaskCollector(pytest.Collector):
         except EvalReplayError as exc:
             raise self.CollectError(str(exc)) from None
         for stage, iid, rollout in self.task.item_keys():
-            name = f"{iid}[s{stage}-r{rollout}]"
             yield RolloutItem.from_parent(
                 self,
-                name=name,
-                # Given as a string so pytest >= 9.2 parses "[s1-r0]" as the
-                # item's params, as it does when reading --lf's cache.
-                nodeid=f"{self.nodeid}::{name}",
+                name=f"{iid}[s{stage}-r{rollout}]",
+                nodeid=_item_id(self, iid, stage, rollout),
                 task=self.task,
                 key=(stage, iid, rollout),
             )
@@ -145,16 +142,32 @@ class EloCollector(pytest.Collector):
         for stage, task_ids in enumerate(stage_tasks, 1):
             for tid in task_ids:
                 for rollout in range(self.eval.num_samples):
-                    name = f"{tid}[s{stage}-r{rollout}]"
                     yield RolloutItem.from_parent(
                         self,
-                        name=name,
-                        nodeid=f"{self.nodeid}::{name}",
+                        name=f"{tid}[s{stage}-r{rollout}]",
+                        nodeid=_item_id(self, tid, stage, rollout),
                         task=self.eval,
                         key=(stage, tid, rollout),
                     )
         if self.eval.gate is not None:
             yield GateItem.from_parent(self, name="gate", task=self.eval)
+
+
+def _item_id(collector: pytest.Collector, iid: str, stage: int, rollout: int) -> Any:
+    """The item's node id, with "s1-r0" as its params (as pytest >= 9.2 reads
+    "[s1-r0]" from --lf's cache). Where pytest keeps node ids structured, built
+    from its collector's, sharing the path, the instance id and the params
+    rather than parsing a string into new ones for each of a run's items."""
+    params = _PARAMS.get((stage, rollout))
+    if params is None:
+        params = _PARAMS.setdefault((stage, rollout), f"s{stage}-r{rollout}")
+    structured = getattr(collector, "id", None)  # pytest >= 9.2: a NodeId
+    if structured is not None and hasattr(structured, "with_params"):
+        return structured.child(iid).with_params(params)
+    return f"{collector.nodeid}::{iid}[{params}]"
+
+
+_PARAMS: dict[tuple[int, int], str] = {}
 
 
 class TaskItem(pytest.Item):
