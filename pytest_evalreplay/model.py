@@ -93,6 +93,52 @@ def digest_finite(value: Any) -> str:
     return hashlib.blake2b(orjson.dumps(value, option=_SORTED), digest_size=16).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class HashedMessages:
+    """A conversation's messages as `chat_digest` hashed them: `state` is the
+    digest's state after `{"context":[` and their canonical JSON."""
+
+    messages: Sequence[Any]
+    state: Any  # hashlib.blake2b
+
+
+def content_tail(content: Mapping[str, Any]) -> bytes:
+    """What follows a chat request content's messages in its canonical JSON
+    (`chat_digest`): the content's other fields, all of which sort after
+    "context". TypeError for a value JSON cannot hold (NaN included)."""
+    rest = {k: v for k, v in content.items() if k != "context"}
+    if any(k < "context" for k in rest):
+        raise ValueError(f"a chat content's fields must sort after 'context', got {sorted(rest)}")
+    return b"]," + to_json(rest, _SORTED)[1:] if rest else b"]}"
+
+
+def chat_digest(
+    messages: Sequence[Any], tail: bytes, before: HashedMessages | None
+) -> tuple[str, HashedMessages]:
+    """`digest` of a chat request content (`{"context": messages, ...}`, whose
+    `content_tail` is `tail`), hashing only the messages after those of
+    `before` when it begins with them: a content's canonical JSON starts with
+    its messages, so an agent's turn costs what it adds to the conversation,
+    not all of it again (which grows with the square of an episode's length). The
+    new messages are checked for NaN (TypeError naming where); the state
+    after them is returned for the next turn."""
+    start, state = 0, None
+    if before is not None and len(before.messages) <= len(messages):
+        known = before.messages
+        if messages[: len(known)] == known:
+            state, start = before.state.copy(), len(known)
+    if state is None:
+        state = hashlib.blake2b(b'{"context":[', digest_size=16)
+    for n in range(start, len(messages)):
+        data = orjson.dumps(messages[n], option=_SORTED)
+        if b"null" in data:  # NaN and infinities come out as null: look only then
+            check_finite(messages[n], f"['context'][{n}]")
+        state.update(b"," + data if n else data)
+    hashed = HashedMessages(messages, state.copy())
+    state.update(tail)
+    return state.hexdigest(), hashed
+
+
 @dataclass(frozen=True)
 class Request:
     """One instance's prompt in one stage, asking for some of its rollouts.
@@ -250,11 +296,13 @@ class Generation:
             return f"'original_text' must be a string or None, got {type(self.original_text).__name__}"
         if self.finish_reason is not None and not isinstance(self.finish_reason, str):
             return f"'finish_reason' must be a string or None, got {self.finish_reason!r:.40}"
-        for name in ("prompt_tokens", "completion_tokens"):
-            value = getattr(self, name)
+        for name, value in (
+            ("prompt_tokens", self.prompt_tokens),
+            ("completion_tokens", self.completion_tokens),
+        ):
             if value is not None and (type(value) is not int or value < 0):
                 return f"{name!r} must be a non-negative integer or None, got {value!r:.40}"
-        if not isinstance(self.metadata, Mapping):
+        if type(self.metadata) is not dict and not isinstance(self.metadata, Mapping):
             return f"'metadata' must be a mapping, got {type(self.metadata).__name__}"
         if not isinstance(self.tool_calls, (tuple, list)):
             return f"'tool_calls' must be a tuple of tool calls, got {type(self.tool_calls).__name__}"
@@ -270,9 +318,15 @@ class Generation:
                 return f"'rolling' must be a RollingLoglikelihood or None, got {type(self.rolling).__name__}"
             if (rolling := self.rolling.problem()) is not None:
                 return f"'rolling' {rolling}"
+        # What JSON may refuse (surrogates, non-JSON metadata, NaN): the rest was checked above.
+        # Not `to_row()`, which copies the tool calls and metadata to encode them once more.
+        savable = {"text": self.text, "metadata": self.metadata, "tool_calls": self.tool_calls}
+        for name, value in (("original_text", self.original_text), ("finish_reason", self.finish_reason)):
+            if value is not None:  # (a null would have `to_json` walk the whole for a NaN)
+                savable[name] = value
         try:
-            to_json(self.to_row())
-        except TypeError as exc:  # surrogates, non-JSON metadata, NaN
+            to_json(savable)
+        except TypeError as exc:
             return f"cannot be saved as JSON ({exc})"
         return None
 
@@ -280,9 +334,9 @@ class Generation:
 def tool_calls_problem(calls: Sequence[Any]) -> str | None:
     """What is wrong with a turn's tool calls (OpenAI's shape), or None."""
     for n, call in enumerate(calls):
-        function = call.get("function") if isinstance(call, Mapping) else None
+        function = call.get("function") if type(call) is dict or isinstance(call, Mapping) else None
         if (
-            not isinstance(function, Mapping)
+            not (type(function) is dict or isinstance(function, Mapping))
             or not isinstance(call.get("id"), str)
             or not isinstance(function.get("name"), str)
             or not isinstance(function.get("arguments"), str)

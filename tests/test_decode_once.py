@@ -169,3 +169,47 @@ def test_a_subclass_postprocess_is_what_the_run_dir_saves(pytester: pytest.Pytes
     )
     (prediction,) = [orjson.loads(line) for line in (out / "t-predictions.jsonl").read_bytes().splitlines()]
     assert [g["text"] for g in prediction["generations"]] == ["ANSWER Q0"]
+
+
+TRANSCRIPTS = [
+    {"instance_id": "a", "turns": [], "messages": [], "error": None},
+    {
+        "instance_id": "b",
+        "answer": 'ends ,"generated":true}}',
+        "messages": [{"role": "user", "content": "é"}],
+    },
+]
+
+
+def episode_journal(directory: Path, metadata: list[dict[str, Any]], run: str = "r1") -> JournalIndex:
+    rows = [
+        journal.gen_row((1, f"e{n}", 0), "rq1", "pv1", run, Generation("", metadata=m))
+        for n, m in enumerate(metadata)
+    ]
+    items = [journal.header_row("t", "r1"), *rows]
+    journal_path(directory, "t").write_bytes(journal.encode(items))
+    return JournalIndex.read(directory, "t")
+
+
+def test_an_episodes_transcript_is_copied_from_the_journal_undecoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_evalreplay.run.episodes import _transcript_of
+
+    metadata = [{"transcript": doc, "generated": n == 0} for n, doc in enumerate(TRANSCRIPTS)]
+    index = episode_journal(tmp_path, metadata)
+    monkeypatch.setattr(JournalIndex, "generation", lambda self, ref: pytest.fail("decoded"))
+    refs = [index.latest_gen((1, f"e{n}", 0), "rq1", "pv1") for n in range(len(TRANSCRIPTS))]
+    copied = [_transcript_of(index, ref, "r1") for ref in refs if ref is not None]
+    assert [orjson.dumps(c) for c in copied] == [orjson.dumps(doc) for doc in TRANSCRIPTS]
+
+
+def test_an_earlier_runs_episode_row_is_decoded(tmp_path: Path) -> None:
+    """Its shape is not this code's to vouch for (an older version's, edited by hand)."""
+    from pytest_evalreplay.run.episodes import _transcript_of
+
+    metadata = [{"transcript": TRANSCRIPTS[1], "note": 1, "generated": True}]
+    index = episode_journal(tmp_path, metadata, run="r0")
+    ref = index.latest_gen((1, "e0", 0), "rq1", "pv1")
+    assert ref is not None
+    assert _transcript_of(index, ref, "r1") == TRANSCRIPTS[1]

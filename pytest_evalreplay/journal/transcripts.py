@@ -39,7 +39,7 @@ def transcripts_path(directory: Path, task: str) -> Path:
     return directory / f"{task}{TRANSCRIPTS_SUFFIX}"
 
 
-def write(directory: Path, task: str, rows: Iterable[Mapping[str, Any]]) -> None:
+def write(directory: Path, task: str, rows: Iterable[Mapping[str, Any] | orjson.Fragment]) -> None:
     """Write the task's transcripts file (the caller holds the task lock)."""
     atomic_write(
         transcripts_path(directory, task),

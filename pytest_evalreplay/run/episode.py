@@ -25,10 +25,11 @@ from pytest_evalreplay.journal.rows import Failure, RolloutKey
 from pytest_evalreplay.model import (
     EvalReplayError,
     Generation,
+    HashedMessages,
     Request,
-    check_finite,
+    chat_digest,
+    content_tail,
     digest,
-    digest_finite,
     request_content,
     to_json,
 )
@@ -81,6 +82,8 @@ class Episode:
     seen: dict[str, int] = field(default_factory=dict)  # per request digest, how often it was asked
     lock: threading.Lock = field(default_factory=threading.Lock)
     _last_turn: str | None = None  # digest of the last turn's request
+    _hashed: HashedMessages | None = None  # the messages the last turn digested (`chat_digest`)
+    _last_tail: tuple[dict[str, Any], bytes] | None = None  # its fields but the messages, as JSON
     spent: int = 0  # prompt and completion tokens of every turn so far (a count left out: 0)
 
     @property
@@ -115,11 +118,12 @@ class Episode:
         )
         content = request_content(request)
         try:
-            self._check_finite(messages, tools, asked)
-            rq = digest_finite(content)  # the one serialization of what is sent, per turn
+            tail = self._tail(content)
+            rq, hashed = chat_digest(messages, tail, self._hashed)  # the new messages' one serialization
         except TypeError as exc:
             raise EvalReplayError(_not_json(exc, tools)) from None
         with self.lock:
+            self._hashed = hashed
             occurrence = self.seen.get(rq, 0)
             self.seen[rq] = occurrence + 1
         # A turn is matched by what was sent and its occurrence among equal requests of the
@@ -182,27 +186,17 @@ class Episode:
             self.base_url = self.runner.endpoint().open(self)
         return self.base_url, self.runner.endpoint().token
 
-    def _check_finite(
-        self, messages: list[dict[str, Any]], tools: list[Any], sampling: dict[str, Any]
-    ) -> None:
-        """No NaN or infinity in the turn's request, looked for only in what the
-        episode's last turn did not send: its messages and tools passed this
-        check then, and values equal to them hold none (NaN equals nothing)."""
-        last = self.turns[-1] if self.turns else None
-        start = 0
-        if last is not None:
-            known = last["messages"]
-            if messages[: len(known)] == known:
-                start = len(known)
-            if tools == last["tools"]:
-                tools = []
-        # NaN and infinities come out of orjson as null: walk the new part only when it holds one.
-        if b"null" not in orjson.dumps((messages[start:], tools, sampling), option=orjson.OPT_NON_STR_KEYS):
-            return
-        for n in range(start, len(messages)):
-            check_finite(messages[n], f"['context'][{n}]")
-        check_finite(tools, "['tools']")
-        check_finite(sampling, "['sampling']")
+    def _tail(self, content: dict[str, Any]) -> bytes:
+        """The turn's `content_tail`, the last turn's when its fields (tools,
+        sampling) are equal: those were checked for NaN then, and values equal
+        to them hold none (NaN equals nothing)."""
+        rest = {k: v for k, v in content.items() if k != "context"}
+        last = self._last_tail
+        if last is not None and last[0] == rest:
+            return last[1]
+        tail = content_tail(content)
+        self._last_tail = (rest, tail)
+        return tail
 
     def _row_content(self, content: dict[str, Any]) -> dict[str, Any]:
         """What the turn's request row holds (`content`, the request's,

@@ -32,8 +32,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from pytest_evalreplay.agent import LLM, AsyncLLM, Command, ToolSlot, TurnFailed
 from pytest_evalreplay.journal import transcripts
+from pytest_evalreplay.journal.index import GenRef, JournalIndex
 from pytest_evalreplay.journal.recorder import TaskRecorder
 from pytest_evalreplay.journal.rows import Failure, RolloutKey
 from pytest_evalreplay.model import EvalReplayError, Generation, Request, request_content
@@ -315,8 +318,27 @@ class EpisodeRunner:
             for key in keys:
                 ref = index.latest_gen(episode_key(key), plan.request_of(key), plan.provider)
                 if ref is not None:
-                    rows.append(index.generation(ref).metadata["transcript"])
+                    rows.append(_transcript_of(index, ref, self.ctx.run_id))
             return rows
+
+
+# An episode row's generation as `finish` writes it, around the transcript:
+# `{..."metadata":{"transcript":` TRANSCRIPT `,"generated":true}}`.
+_HEAD = orjson.dumps(Generation("", metadata={"transcript": None}).to_row()).rpartition(b"null")[0]
+_TAILS = (b',"generated":true}}', b',"generated":false}}')
+
+
+def _transcript_of(index: JournalIndex, ref: GenRef, run: str) -> dict[str, Any] | orjson.Fragment:
+    """An episode row's transcript for the run dir's transcripts file: where
+    this run wrote the row (`finish`), its JSON as the journal holds it, not
+    decoded and encoded again; an earlier run's row, decoded (as the run dir's
+    predictions take only this run's rows undecoded: `rundir.writer`)."""
+    data = index.generation_json(ref) if ref.run == run else b""
+    if data.startswith(_HEAD):
+        for tail in _TAILS:
+            if data.endswith(tail):
+                return orjson.Fragment(data[len(_HEAD) : -len(tail)])
+    return index.generation(ref).metadata["transcript"]
 
 
 @dataclass(frozen=True)
