@@ -99,7 +99,12 @@ class Episode:
         runner = self.runner
         if self.failure is not None:
             raise TurnFailed(self.failure[1])
-        asked = {**runner.task.sampling, **validate_sampling(sampling, "llm.chat")}
+        # Most turns pass no sampling of their own: the task's, without walking an empty dict.
+        asked = (
+            {**runner.task.sampling, **validate_sampling(sampling, "llm.chat")}
+            if sampling
+            else dict(runner.task.sampling)
+        )
         limit = runner.task.max_turns
         with self.lock:  # an agent may make concurrent calls (the endpoint serves each on its thread)
             self.started += 1
