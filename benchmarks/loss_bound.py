@@ -141,6 +141,8 @@ def reasked_after_kill(code: Code, root: Path, n: int, kill_at: int) -> tuple[in
             proc.wait(timeout=60)
         if not reached or proc.returncode != -signal.SIGKILL:
             raise SystemExit(f"{code.name}: the run ended before the kill at {kill_at}")
+        if not stub.settle():  # the killed run's last requests, read late, are not the resume's
+            raise SystemExit(f"{code.name}: the stub still had the killed run's requests after a minute")
         before = set(stub.prompts("answered"))
         mark = len(stub.events)
         result = subprocess.run(

@@ -226,6 +226,15 @@ class Staggered(Action):
 ANSWER = Answer()
 
 
+def readable(sock: socket.socket) -> bool:
+    """Whether `sock` has data (or EOF, or a connection to accept) waiting:
+    poll, not select, which fails for descriptors past 1024, as a long test
+    process can reach."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 # -- the server ----------------------------------------------------------------------------
 
 
@@ -363,6 +372,29 @@ class StubServer:
         with self._cond:
             return self._cond.wait_for(lambda: predicate(self), timeout)
 
+    def settle(self, quiet: float = 0.5, timeout: float = 60.0) -> bool:
+        """Wait until what a killed client sent has been read and let go: no
+        request in flight, no connection open or waiting to be accepted, and
+        no new event for `quiet` seconds. On a loaded machine a request sent
+        just before the kill can reach a handler thread (and be counted as
+        received) well after it; counting the next run's requests from before
+        that would charge it to the next run. False after `timeout`."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self._cond:
+                seen = len(self.events)
+                busy = self.in_flight > 0 or bool(self._connections)
+            server = self._server
+            pending = server is not None and readable(server.socket)
+            if not busy and not pending:
+                with self._cond:
+                    self._cond.wait_for(lambda n=seen: len(self.events) != n, quiet)
+                    if len(self.events) == seen:
+                        return True
+            else:
+                time.sleep(_POLL)
+        return False
+
     def count(self, event: str) -> int:
         with self._cond:
             return sum(1 for e in self.events if e["event"] == event)
@@ -447,8 +479,7 @@ class _Handler(BaseHTTPRequestHandler):
     def client_gone(self) -> bool:
         """True once the client has closed its end (EOF on our socket)."""
         try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            if not readable:
+            if not readable(self.connection):
                 return False
             return self.connection.recv(1, socket.MSG_PEEK) == b""
         except (OSError, ValueError):

@@ -87,7 +87,8 @@ def test_resume_after_a_sigkill_asks_again_only_for_what_was_in_flight(tmp_path)
         finally:
             proc.wait(timeout=60)
         assert reached and proc.returncode == -signal.SIGKILL, "the run ended before the kill"
-        # The run is dead: nothing more is answered to it.
+        # The run is dead: once the stub has read what it sent, nothing more is answered to it.
+        assert stub.settle(), "the stub still had the killed run's requests after a minute"
         before = answered(stub)
         saved = journaled(tmp_path)
         assert KILL_AT <= len(before) < N
