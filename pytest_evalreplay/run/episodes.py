@@ -120,8 +120,9 @@ class EpisodeRunner:
         if self.saved is not None:
             return
         with self.lock:
+            # No request row: the call is in the turn before's gen row (and the transcript),
+            # and `rq` (the call and that turn's digest) is all a resume matches it by.
             rows = self.turns.provider_rows(TOOL_PV, TOOL_IDENTITY)
-            rows += self.turns.request_rows(rq, {"request_type": "tool", "call": slot.call})
             rows.append(self.turns.gen(key, rq, TOOL_PV, Generation(text=text)))
             self.turns.hold(rows)  # written before this episode's next turn is asked, with its batch
 

@@ -393,7 +393,8 @@ def generate_events(
     killed run records nothing for the requests in flight. A provider
     without `loglikelihood` asked for log-likelihoods raises EvalReplayError."""
     require_loglikelihood(provider, requests)
-    attempts = {request_key(r): (prior_attempts or {}).get(request_key(r), 0) for r in requests}
+    prior = prior_attempts or {}
+    attempts: dict[RequestKey, int] = {}  # of the requests that failed so far (most never do)
     pending = list(requests)
     while pending:
         again: list[Request] = []
@@ -405,7 +406,7 @@ def generate_events(
                 yield Done(request, result, together)
                 continue
             key = request_key(request)
-            attempts[key] += 1
+            attempts[key] = attempts.get(key, prior.get(key, 0)) + 1
             retry = result.retryable and attempts[key] < max_attempts
             yield Failed(
                 request,
