@@ -63,19 +63,37 @@ def check_finite(value: Any, path: str = "") -> None:
 def non_finite(value: Any, path: str = "") -> str | None:
     """The first NaN or infinity in `value` (lists, tuples and mappings
     walked), with its path below `path` (`inf at ['a'][1]`), or None."""
-    if type(value) is str or value is None:  # most of what a request holds: no ABC check for them
+    found = _non_finite(value)
+    if found is None:
         return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{value!r} at {path}" if path else repr(value)
-    if isinstance(value, Mapping):
+    bad, keys = found
+    where = path + "".join(f"[{key!r}]" for key in reversed(keys))
+    return f"{bad!r} at {where}" if where else repr(bad)
+
+
+def _non_finite(value: Any) -> tuple[float, list[Any]] | None:
+    """The first NaN or infinity in `value` and the keys to it, innermost
+    first (the path is spelled only when one is found: building it at every
+    step cost more than the walk)."""
+    kind = type(value)
+    if kind is str or value is None or kind is int or kind is bool:  # most of what a request holds
+        return None
+    if kind is dict:  # the plain containers before the ABC checks, which cost more than the walk
         items: Iterator[tuple[Any, Any]] = iter(value.items())
+    elif kind is list or kind is tuple:
+        items = enumerate(value)
+    elif isinstance(value, float):
+        return None if math.isfinite(value) else (value, [])
+    elif isinstance(value, Mapping):
+        items = iter(value.items())
     elif isinstance(value, (list, tuple)):
         items = enumerate(value)
     else:
         return None
     for key, item in items:
-        found = non_finite(item, f"{path}[{key!r}]")
+        found = _non_finite(item)
         if found is not None:
+            found[1].append(key)
             return found
     return None
 
