@@ -63,8 +63,7 @@ def check_finite(value: Any, path: str = "") -> None:
 def non_finite(value: Any, path: str = "") -> str | None:
     """The first NaN or infinity in `value` (lists, tuples and mappings
     walked), with its path below `path` (`inf at ['a'][1]`), or None."""
-    found = _non_finite(value)
-    if found is None:
+    if (found := _non_finite(value)) is None:
         return None
     bad, keys = found
     where = path + "".join(f"[{key!r}]" for key in reversed(keys))
@@ -72,9 +71,8 @@ def non_finite(value: Any, path: str = "") -> str | None:
 
 
 def _non_finite(value: Any) -> tuple[float, list[Any]] | None:
-    """The first NaN or infinity in `value` and the keys to it, innermost
-    first (the path is spelled only when one is found: building it at every
-    step cost more than the walk)."""
+    """The first NaN or infinity in `value` and the keys to it, innermost first
+    (the path spelled at every step cost more than the walk)."""
     kind = type(value)
     if kind is str or value is None or kind is int or kind is bool:  # most of what a request holds
         return None
