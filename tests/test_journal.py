@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from pathlib import Path
 
 import orjson
 import pytest
@@ -12,7 +13,18 @@ from pytest_evalreplay.journal import rows as journal
 from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.journal.rows import Failure
 from pytest_evalreplay.model import EvalReplayError, Generation, digest
-from pytest_evalreplay.storage.files import append_durably, atomic_write
+from pytest_evalreplay.storage.files import AppendFile, atomic_write
+
+
+def append_as_another_process(path: Path, blob: bytes) -> None:
+    """Rows a peer appends: its own open, write, fsync and close (this process's
+    journal writer keeps its file open, so appending through it would not do)."""
+    file = AppendFile(path)
+    try:
+        file.write(blob)
+        file.sync()
+    finally:
+        file.close()
 
 
 def write(tmp_path, rows, task="t", header=True):
@@ -73,7 +85,7 @@ def test_a_missing_journal_reads_as_empty(tmp_path):
 def test_refresh_reads_only_what_was_appended(tmp_path):
     path = write(tmp_path, [gen("q0")])
     index = JournalIndex.read(tmp_path, "t")
-    append_durably(path, journal.encode([gen("q1")]))
+    append_as_another_process(path, journal.encode([gen("q1")]))
     index.refresh()
     assert set(index.gens) == {(1, "q0", 0), (1, "q1", 0)}
     assert index.rows == 3
@@ -82,7 +94,7 @@ def test_refresh_reads_only_what_was_appended(tmp_path):
 def test_a_snapshot_limit_stops_reading(tmp_path):
     path = write(tmp_path, [gen("q0")])
     size = path.stat().st_size
-    append_durably(path, journal.encode([gen("q1")]))
+    append_as_another_process(path, journal.encode([gen("q1")]))
     index = JournalIndex.read(tmp_path, "t", limit=size)
     assert set(index.gens) == {(1, "q0", 0)}
 
@@ -101,7 +113,7 @@ def test_a_torn_last_line_is_skipped_reported_and_cut_before_the_next_append(tmp
         fh.write(orjson.dumps(gen("q1"))[:30])
     index = JournalIndex.read(tmp_path, "t")
     assert index.torn == 3 and set(index.gens) == {(1, "q0", 0)}
-    append_durably(path, journal.encode([gen("q2")]))
+    append_as_another_process(path, journal.encode([gen("q2")]))
     index = JournalIndex.read(tmp_path, "t")
     assert index.torn is None and set(index.gens) == {(1, "q0", 0), (1, "q2", 0)}
 
@@ -264,7 +276,9 @@ def test_rows_another_process_wrote_in_between_are_read_before_this_ones(tmp_pat
 
     recorder = TaskRecorder(tmp_path, "t", "r1", reset=False)
     recorder.add(_mixed_rows(1)[1])
-    append_durably(journal.journal_path(tmp_path, "t"), journal.encode(_mixed_rows(2)[1]))  # a peer's rows
+    append_as_another_process(
+        journal.journal_path(tmp_path, "t"), journal.encode(_mixed_rows(2)[1])
+    )  # a peer's rows
     recorder.add(_mixed_rows(3)[1])
     assert "rq3" not in recorder.index.requests  # not indexed past the peer's rows unread
     recorder.refresh()

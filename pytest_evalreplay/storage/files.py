@@ -274,20 +274,6 @@ def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
     _fsync_dir(path.parent)
 
 
-def append_durably(path: Path, blob: bytes) -> None:
-    """Append `blob` and fsync (one open, write, fsync, close). A
-    half-written last line (a writer died mid-write) is cut off first, so
-    rows never run together. Refuses a symlinked file."""
-    if not blob:
-        return
-    file = AppendFile(path)
-    try:
-        file.write(blob)
-        file.sync()
-    finally:
-        file.close()
-
-
 def _cut_torn_tail(fd: int, end: int) -> int:
     """Cut a last line without its newline (a writer died mid-write); the new end."""
     if not end or os.pread(fd, 1, end - 1) == b"\n":
