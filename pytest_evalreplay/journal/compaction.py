@@ -91,7 +91,7 @@ def kept(index: JournalIndex, run: str) -> Kept:
     lines.update(index.provider_lines[pv] for pv in providers if pv in index.provider_lines)
     lines.update(_stage_lines(index.stage_rows))
     lines.update(line for (_, of), line in index.done_lines.items() if of == run)
-    offsets = frozenset(index.requests[rq][0] for rq in requests if rq in index.requests)
+    offsets = frozenset(at[0] for rq in requests if (at := index.request_at(rq)) is not None)
     return Kept(frozenset(lines), offsets, dropped)
 
 

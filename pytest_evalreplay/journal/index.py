@@ -80,10 +80,14 @@ class JournalIndex:
     offset: int = 0
     lineno: int = 0
     rows: int = 0
-    gens: dict[RolloutKey, list[GenRef]] = field(default_factory=dict)
+    # Tuples, not lists: an item mostly has one reference, and a tuple of one is
+    # half a list of one, for every item of the session.
+    gens: dict[RolloutKey, tuple[GenRef, ...]] = field(default_factory=dict)
     scores: dict[tuple[RolloutKey, str], ScoreRef] = field(default_factory=dict)
-    fails: dict[RolloutKey, list[FailRef]] = field(default_factory=dict)
-    requests: dict[str, tuple[int, int]] = field(default_factory=dict)  # digest -> (offset, length)
+    fails: dict[RolloutKey, tuple[FailRef, ...]] = field(default_factory=dict)
+    # digest -> where its first row is, `offset << 32 | length` (`request_at`): one
+    # int, not a tuple of two, for each request of the session (a line is < 2**28).
+    requests: dict[str, int] = field(default_factory=dict)
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     provider_lines: dict[str, int] = field(default_factory=dict)  # digest -> line of its first row
     stage_rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (lineno, row)
@@ -206,7 +210,7 @@ class JournalIndex:
             self._add_gen(key, request, provider, run, generation, offset, length)
         elif kind == "score":
             key = self._one(_key(row, where, "rollout"))
-            of = _str_field(row, "of", where)
+            of = self._one(_str_field(row, "of", where))
             scores = row.get("scores")
             error = row.get("error")
             judgments = row.get("judgments")
@@ -242,7 +246,8 @@ class JournalIndex:
                 seq,
             )
             for rollout in failure.rollouts:
-                self.fails.setdefault((failure.stage, failure.instance_id, rollout), []).append(ref)
+                at = (failure.stage, failure.instance_id, rollout)
+                self.fails[at] = (*self.fails.get(at, ()), ref)
         elif kind == "request":
             rq = _str_field(row, "digest", where)
             if not isinstance(row.get("request"), dict):
@@ -264,7 +269,7 @@ class JournalIndex:
             raise EvalReplayError(f"{where}: unknown journal row type {kind!r}")
 
     def _add_request(self, rq: str, offset: int, length: int) -> None:
-        self.requests.setdefault(self._one(rq), (offset, length))  # the first row of a content stays
+        self.requests.setdefault(self._one(rq), offset << 32 | length)  # the first row of a content stays
 
     def _add_gen(
         self,
@@ -288,7 +293,8 @@ class JournalIndex:
             ptok if type(ptok) is int else None,
             ctok if type(ctok) is int else None,
         )
-        self.gens.setdefault(self._one(key), []).append(ref)
+        key = self._one(key)
+        self.gens[key] = (*self.gens.get(key, ()), ref)
 
     def note_written(
         self,
@@ -300,7 +306,9 @@ class JournalIndex:
         which file) without reading the file back, when this index had read
         exactly up to there (no other writer came between). Request and gen
         rows, the large ones, index as built (the writer made them, so they
-        need no checks); the others parse their own line."""
+        need no checks); score rows, one per item, are checked as built (their
+        key and ids are then the objects the index holds, not decoded copies);
+        the others parse their own line."""
         start, file_id = at
         if start != self.offset or file_id != self.file_id or self.header is None:
             return
@@ -316,6 +324,8 @@ class JournalIndex:
                 self._add_gen(
                     key, row["request"], row["provider"], row["run"], row["generation"], self.offset, length
                 )
+            elif kind == "score":
+                self._apply(row, f"{self.path}:{self.lineno}", self.offset, length)
             else:
                 self._apply(orjson.loads(line), f"{self.path}:{self.lineno}", self.offset, length)
             self.offset += len(line)
@@ -365,8 +375,13 @@ class JournalIndex:
         return Generation.from_row(row.get("generation"), f"{self.path}:{ref.lineno}")
 
     def request(self, rq: str) -> dict[str, Any] | None:
-        at = self.requests.get(rq)
+        at = self.request_at(rq)
         return None if at is None else self.read_row(*at)["request"]
+
+    def request_at(self, rq: str) -> tuple[int, int] | None:
+        """The offset and length of the first request row of `rq`, if any."""
+        at = self.requests.get(rq)
+        return None if at is None else (at >> 32, at & 0xFFFFFFFF)
 
     def latest_gen(self, key: RolloutKey, request: str, provider: str) -> GenRef | None:
         """The newest generation of `key` that answered exactly this request with this provider."""

@@ -102,7 +102,8 @@ class Rollouts(ABC):
         wanted: dict[RequestKey, list[int]] = {}
         for stage, iid, rollout in self.decisions.run:
             wanted.setdefault((stage, iid), []).append(rollout)
-        self.rollouts_of = {rk: tuple(sorted(rs)) for rk, rs in wanted.items()}
+        shared: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per distinct set: most are (0,)
+        self.rollouts_of = {rk: shared.setdefault(t := tuple(sorted(rs)), t) for rk, rs in wanted.items()}
 
     @property
     def chunks_by_stage(self) -> bool:
