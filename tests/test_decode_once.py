@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_evalreplay import Generation
 from pytest_evalreplay.journal import rows as journal
@@ -17,6 +19,7 @@ from pytest_evalreplay.journal.index import JournalIndex
 from pytest_evalreplay.journal.rows import journal_path
 from pytest_evalreplay.numbers.metrics import ItemOutcome, TaskOutcome
 from pytest_evalreplay.rundir.writer import write_task
+from pytest_evalreplay.storage.runschema import is_plain_generation
 
 CONFTEST = """
 from pytest_evalreplay import Generation
@@ -127,8 +130,9 @@ def test_the_journals_bytes_of_this_runs_generations_are_what_a_decode_writes(
     assert [Generation.from_row(g, "") for g in orjson.loads(decoded)["generations"]] == GENERATIONS
 
 
-def test_an_earlier_runs_generations_are_decoded_for_the_run_dir(tmp_path: Path) -> None:
-    index = journal_of(tmp_path, ["r0", *["r1"] * (len(GENERATIONS) - 1)])
+def counted_decodes(directory: Path, index: JournalIndex) -> tuple[list[int], dict[str, Any]]:
+    """The predictions row `write_task` writes, and the gen rows it built a
+    Generation of (their line numbers)."""
     calls: list[int] = []
     decode = JournalIndex.generation
 
@@ -138,9 +142,69 @@ def test_an_earlier_runs_generations_are_decoded_for_the_run_dir(tmp_path: Path)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(JournalIndex, "generation", counting)
-        row = orjson.loads(written(tmp_path / "out", index))
-    assert len(calls) == len(GENERATIONS)  # the instance's row is decoded whole
+        row = orjson.loads(written(directory, index))
+    return calls, row
+
+
+def test_an_earlier_runs_generations_with_tool_calls_are_built_for_the_run_dir(tmp_path: Path) -> None:
+    index = journal_of(tmp_path, ["r0", *["r1"] * (len(GENERATIONS) - 2), "r0"])
+    calls, row = counted_decodes(tmp_path / "out", index)
+    assert len(calls) == len(
+        GENERATIONS
+    )  # the loglikelihoods' row is not plain: the instance's is built whole
     assert [Generation.from_row(g, "") for g in row["generations"]] == GENERATIONS
+
+
+def test_an_earlier_runs_plain_generations_are_copied_as_decoded(tmp_path: Path) -> None:
+    """Rows `to_row` writes, of generations without tool calls or
+    loglikelihoods, need no Generation built: a merge or `--resume` writes
+    every one of an earlier run's rows."""
+    index = journal_of(tmp_path, ["r0"] * 3 + ["r1"] * (len(GENERATIONS) - 3))
+    decoded = written(tmp_path / "decoded", index, postprocess=lambda g: g)
+    calls, row = counted_decodes(tmp_path / "out", index)
+    assert calls == []
+    assert orjson.dumps(row) == decoded.rstrip(b"\n")
+    assert [Generation.from_row(g, "") for g in row["generations"]] == GENERATIONS
+
+
+OLD_LAYOUTS = [
+    {"text": "no finish_reason or token counts"},
+    {"text": "a", "original_text": None, "finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 2},
+    {"text": "b", "finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 2, "metadata": {}},
+    {
+        "finish_reason": None,
+        "text": "keys in another order",
+        "prompt_tokens": None,
+        "completion_tokens": None,
+    },
+    {"text": "c", "finish_reason": None, "prompt_tokens": None, "completion_tokens": None, "extra": 1},
+]
+
+
+def test_an_earlier_runs_rows_in_another_layout_are_written_as_a_decode_writes_them(tmp_path: Path) -> None:
+    """An older version's row (or one edited by hand) is not copied: the run
+    dir holds what `Generation.to_row` writes of it, as before."""
+    rows = [journal.header_row("t", "r1"), journal.provider_row("pv1", {"kind": "k"})]
+    rows.append(journal.request_row("rq1", {"context": "Q a?", "sampling": {}}))
+    for n, generation in enumerate(OLD_LAYOUTS):
+        rows.append(
+            {**journal.gen_row((1, "a", n), "rq1", "pv1", "r0", Generation("")), "generation": generation}
+        )
+    journal_path(tmp_path, "t").write_bytes(journal.encode(rows))
+    index = JournalIndex.read(tmp_path, "t")
+    refs = [index.latest_gen((1, "a", n), "rq1", "pv1") for n in range(len(OLD_LAYOUTS))]
+    items = tuple(
+        ItemOutcome(key=(1, "a", n), status="ok", gen=ref, scores={"acc": 1.0}) for n, ref in enumerate(refs)
+    )
+    outcome = TaskOutcome("t", "m", {"acc": 1.0}, {"acc": None}, {"a": {"acc": 1.0}}, items, 1, len(items), 0)
+    (tmp_path / "out").mkdir()
+    write_task(tmp_path / "out", outcome, "r1", index, ["a"], len(OLD_LAYOUTS))
+    (row,) = [
+        orjson.loads(line) for line in (tmp_path / "out" / "t-predictions.jsonl").read_bytes().splitlines()
+    ]
+    expected = [Generation.from_row(g, "").to_row() for g in OLD_LAYOUTS]
+    assert orjson.dumps(row["generations"]) == orjson.dumps(expected)
+    assert orjson.dumps(row["generations"]) != orjson.dumps(OLD_LAYOUTS)
 
 
 SUBCLASS = """
@@ -213,3 +277,55 @@ def test_an_earlier_runs_episode_row_is_decoded(tmp_path: Path) -> None:
     ref = index.latest_gen((1, "e0", 0), "rq1", "pv1")
     assert ref is not None
     assert _transcript_of(index, ref, "r1") == TRANSCRIPTS[1]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=2), inner, max_size=2),
+    max_leaves=4,
+)
+FIELDS = ["text", "original_text", "finish_reason", "prompt_tokens", "completion_tokens", "metadata"]
+
+
+LIKELY = {  # values `from_row` takes, and some it refuses or changes
+    "text": st.text(max_size=3),
+    "original_text": st.none() | st.text(max_size=3),
+    "finish_reason": JSON_VALUES,
+    "prompt_tokens": st.none() | st.integers(-1, 9) | st.booleans(),
+    "completion_tokens": st.none() | st.integers(-1, 9) | st.floats(0, 2),
+    "metadata": st.none() | st.dictionaries(st.text(max_size=2), JSON_VALUES, max_size=2),
+    "tool_calls": st.just([]),
+    "other": JSON_VALUES,
+}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_a_plain_row_is_what_decoding_and_encoding_it_again_writes(data: st.DataObject) -> None:
+    keys = [f for f in FIELDS if f not in ("original_text", "metadata") or data.draw(st.booleans())]
+    if data.draw(st.integers(0, 7)) == 0:  # a field left out
+        keys.pop(data.draw(st.integers(0, len(keys) - 1)))
+    if data.draw(st.integers(0, 7)) == 0:  # in another order than to_row's
+        keys = list(data.draw(st.permutations(keys)))
+    if data.draw(st.integers(0, 3)) == 0:
+        keys.insert(data.draw(st.integers(0, len(keys))), data.draw(st.sampled_from(["tool_calls", "other"])))
+    odd = data.draw(st.integers(0, 5)) == 0  # any JSON value in one field
+    row = {k: data.draw(LIKELY[k] | JSON_VALUES if odd else LIKELY[k]) for k in keys}
+    if is_plain_generation(row):
+        assert orjson.dumps(Generation.from_row(row, "").to_row()) == orjson.dumps(row)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.builds(
+        Generation,
+        text=st.text(max_size=3),
+        original_text=st.none() | st.text(max_size=3),
+        finish_reason=st.none() | st.sampled_from(["stop", "length"]),
+        prompt_tokens=st.none() | st.integers(0, 9),
+        completion_tokens=st.none() | st.integers(0, 9),
+        metadata=st.dictionaries(st.text(max_size=2), JSON_VALUES, max_size=2),
+    )
+)
+def test_every_row_to_row_writes_without_tool_calls_is_plain(generation: Generation) -> None:
+    assert is_plain_generation(orjson.loads(orjson.dumps(generation.to_row())))

@@ -153,6 +153,7 @@ class JournalIndex:
         pos = 0
         n = len(data)
         loads = orjson.loads
+        prefix = f"{self.path}:"  # each row's `where`, for its errors
         while pos < n:
             nl = data.find(b"\n", pos)
             if nl < 0:  # no newline yet: torn (a crash) or being written; read again later
@@ -164,7 +165,7 @@ class JournalIndex:
             pos = nl + 1
             self.lineno += 1
             if line.strip():
-                where = f"{self.path}:{self.lineno}"
+                where = prefix + str(self.lineno)
                 try:
                     row = loads(line)
                 except orjson.JSONDecodeError as exc:
@@ -206,7 +207,9 @@ class JournalIndex:
             generation = row.get("generation")
             if not isinstance(generation, dict) or not isinstance(generation.get("text"), str):
                 raise EvalReplayError(f"{where}: a gen row needs a 'generation' object with a 'text'")
-            request, provider, run = (_str_field(row, name, where) for name in ("request", "provider", "run"))
+            request, provider, run = row.get("request"), row.get("provider"), row.get("run")
+            if type(request) is not str or type(provider) is not str or type(run) is not str:
+                request, provider, run = (_str_field(row, f, where) for f in ("request", "provider", "run"))
             self._add_gen(key, request, provider, run, generation, offset, length)
         elif kind == "score":
             key = self._one(_key(row, where, "rollout"))
@@ -249,8 +252,10 @@ class JournalIndex:
                 at = (failure.stage, failure.instance_id, rollout)
                 self.fails[at] = (*self.fails.get(at, ()), ref)
         elif kind == "request":
-            rq = _str_field(row, "digest", where)
-            if not isinstance(row.get("request"), dict):
+            rq = row.get("digest")
+            if type(rq) is not str:
+                rq = _str_field(row, "digest", where)
+            if type(row.get("request")) is not dict:
                 raise EvalReplayError(f"{where}: a request row needs a 'request' object")
             self._add_request(rq, offset, length)
         elif kind == "provider":
@@ -439,6 +444,8 @@ def _judgments(judgments: Any, where: str) -> dict[str, tuple[float, ...]]:
 
 
 def _scores(scores: Any, where: str) -> dict[str, float]:
+    if type(scores) is dict and all(type(v) is float and math.isfinite(v) for v in scores.values()):
+        return scores  # as decoded (JSON's keys are strings): the usual row, no copy
     if not isinstance(scores, dict) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in scores.values()
     ):

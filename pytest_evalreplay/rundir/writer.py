@@ -57,6 +57,7 @@ from pytest_evalreplay.storage.runschema import (
     TRANSCRIPTS_SUFFIX,
     WORKERS_GONE_WAIT,
     is_own_file,
+    is_plain_generation,
     prediction_row,
     request_row,
     task_files,
@@ -155,18 +156,27 @@ def write_task(
 _SAVED_SAMPLING_FIELD = orjson.dumps(SAVED_SAMPLING) + b":"
 
 
-def as_saved(index: JournalIndex, gens: Sequence[GenRef], run: str) -> list[orjson.Fragment] | None:
-    """The generations' JSON as the journal holds it, where that is what
-    decoding and encoding them again writes (so the run dir need not decode
-    rows the session already decoded for their scores): rows this run wrote,
-    from `Generation.to_row`, with no saved sampling to move to the requests
-    row. None: they are to be decoded."""
-    if any(gen.run != run for gen in gens):
-        return None  # an earlier run's row may be in an earlier version's layout
-    pieces = [index.generation_json(gen) for gen in gens]
-    if any(_SAVED_SAMPLING_FIELD in piece for piece in pieces):
-        return None
-    return [orjson.Fragment(piece) for piece in pieces]
+def as_saved(index: JournalIndex, gens: Sequence[GenRef], run: str) -> list[Any] | None:
+    """The generations' rows as saved, where that is what decoding them into
+    Generations and encoding them again writes, so the run dir need not build
+    one per rollout: rows this run wrote (`Generation.to_row`), as the JSON
+    the journal holds, and other runs' rows that are plain
+    (`runschema.is_plain_generation`; an earlier run's row may be in an earlier
+    version's layout), decoded; none with a saved sampling to move to the
+    requests row. None: they are to be built."""
+    saved: list[Any] = []
+    for gen in gens:
+        if gen.run == run:
+            piece = index.generation_json(gen)
+            if _SAVED_SAMPLING_FIELD in piece:
+                return None
+            saved.append(orjson.Fragment(piece))
+            continue
+        row = index.read_row(gen.offset, gen.length).get("generation")
+        if not is_plain_generation(row) or SAVED_SAMPLING in row.get("metadata", ()):
+            return None
+        saved.append(row)
+    return saved
 
 
 def check_named_rows(index: JournalIndex, gen: GenRef) -> None:

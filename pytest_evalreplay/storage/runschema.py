@@ -134,6 +134,33 @@ def request_row_of(request: Request) -> dict[str, Any]:
     return request_row(request.instance_id, request.stage, request_content(request), request.num_samples)
 
 
+# The key orders of `Generation.to_row` for a generation without tool calls,
+# loglikelihoods or a rolling answer: original_text and metadata only when set.
+_PLAIN_ROW_KEYS = frozenset(
+    ("text", *original, "finish_reason", "prompt_tokens", "completion_tokens", *metadata)
+    for original in ((), ("original_text",))
+    for metadata in ((), ("metadata",))
+)
+
+
+def is_plain_generation(row: Any) -> bool:
+    """Whether a saved generation row is one `Generation.to_row` writes, keys
+    in its order, of a generation with no tool calls, loglikelihoods or
+    rolling answer: then `Generation.from_row(row).to_row() == row`, and a
+    predictions row may hold it as it is instead of a Generation built and
+    encoded again (most of what writing a run dir from a journal cost)."""
+    if type(row) is not dict or tuple(row) not in _PLAIN_ROW_KEYS:
+        return False
+    p, c = row["prompt_tokens"], row["completion_tokens"]
+    return (
+        type(row["text"]) is str
+        and type(row.get("original_text", "")) is str
+        and (p is None or (type(p) is int and p >= 0))
+        and (c is None or (type(c) is int and c >= 0))
+        and ("metadata" not in row or (type(row["metadata"]) is dict and bool(row["metadata"])))
+    )
+
+
 def prediction_row(
     instance_id: str,
     stage: int,
