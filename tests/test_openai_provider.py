@@ -487,7 +487,7 @@ def test_a_request_of_several_calls_holds_only_its_last_connection(stub: StubSer
             stream = provider.generate_stream(requests)
             # a's first draw answered leaves nothing to journal: its connection asks for b at once
             assert next(stream)[0] == 1
-            assert stub.in_flight == 1  # a's second draw, held
+            assert stub.wait_until(lambda s: s.in_flight == 1, timeout=5)  # a's second draw, held
             assert not stub.wait_until(lambda s: s.received > 3, timeout=0.5)  # b is not journaled yet
             stub.release()
             assert sorted(i for i, _ in stream) == [0, 2]
