@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pytest_evalreplay.journal.index import GenRef, JournalIndex
 from pytest_evalreplay.journal.rows import RolloutKey
@@ -23,8 +23,11 @@ from pytest_evalreplay.numbers.sources import is_final
 Status = Literal["ok", "failed", "missing"]
 
 
-@dataclass(frozen=True, slots=True)
-class ItemOutcome:
+class ItemOutcome(NamedTuple):
+    """One item's standing. Immutable; a NamedTuple, as the journal's GenRef:
+    one is built for every item at every session's end, and a frozen
+    dataclass takes twice as long to build."""
+
     key: RolloutKey
     status: Status
     gen: GenRef | None = None  # the generation the result stands on (also for a scoring failure)
@@ -38,8 +41,15 @@ class Tokens:
     prompt: int = 0
     completion: int = 0
 
-    def add(self, gen: GenRef) -> Tokens:
-        return Tokens(self.prompt + (gen.prompt_tokens or 0), self.completion + (gen.completion_tokens or 0))
+    @classmethod
+    def total(cls, gens: Iterable[GenRef]) -> Tokens:
+        """The tokens of `gens` (a count the provider did not give adds 0), summed
+        before one Tokens is built: not one per item of a 100k-item task."""
+        prompt = completion = 0
+        for gen in gens:
+            prompt += gen.prompt_tokens or 0
+            completion += gen.completion_tokens or 0
+        return cls(prompt, completion)
 
     def to_doc(self) -> dict[str, int]:
         return {"prompt": self.prompt, "completion": self.completion}
@@ -266,17 +276,12 @@ def task_outcome(
             intervals[name] = (max(ci.lo, min(values)), min(ci.hi, max(values)))
         else:
             intervals[name] = None
-    generated = reused = 0
-    tok_gen, tok_reused = Tokens(), Tokens()
+    made: list[GenRef] = []
+    kept: list[GenRef] = []
     for item in items:  # what was generated, scored or not (a run stopped mid-way saved it all)
-        if item.gen is None:
-            continue
-        if item.gen.run == run and item.key not in answered_from_journal:
-            generated += 1
-            tok_gen = tok_gen.add(item.gen)
-        else:
-            reused += 1
-            tok_reused = tok_reused.add(item.gen)
+        if item.gen is not None:
+            fresh = item.gen.run == run and item.key not in answered_from_journal
+            (made if fresh else kept).append(item.gen)
     return TaskOutcome(
         task=plan.task,
         model=model,
@@ -285,9 +290,9 @@ def task_outcome(
         instance_scores=per_instance,
         items=items,
         num_instances=len({key[1] for key in plan.keys}),
-        generated=generated,
-        reused=reused,
-        tokens_generated=tok_gen,
-        tokens_reused=tok_reused,
+        generated=len(made),
+        reused=len(kept),
+        tokens_generated=Tokens.total(made),
+        tokens_reused=Tokens.total(kept),
         sample_metrics=tuple(m.name for m in plan.sample_metrics),
     )

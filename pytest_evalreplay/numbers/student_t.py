@@ -15,6 +15,7 @@ or two (tests/test_student_t.py compares the two across degrees of freedom
 
 from __future__ import annotations
 
+import functools
 import math
 from decimal import Context, Decimal, localcontext
 
@@ -43,6 +44,9 @@ _STIRLING = [
 ]
 
 
+# Kept per (df, p): every metric of a task asks the same quantile (a task's
+# instances are its degrees of freedom), and one costs about 10 ms here.
+@functools.lru_cache(maxsize=64)
 def t_quantile(df: float, p: float) -> float:
     """The p-quantile of Student's t distribution with `df` degrees of
     freedom (what scipy.special.stdtrit(df, p) computes), correctly rounded.
