@@ -14,12 +14,17 @@ time (user + system of the pytest process), wall time and peak RSS of each
 side, their ratios and the pairs' range.
 
 The floor, a third side in the same rounds: bare pytest making the same calls
-plus the least the rating needs, the fits an EloEval reports: after each stage
-the Bradley-Terry fit of the judgments so far with its Fisher error (what the
-next stage picks references by and the stage table shows), and the final fit
-with its 1,000-resample task bootstrap, all with numpy and scipy.special (the
-project's fit, `numbers/elo/fit.py`, imported as the EloEval imports it).
-Printed as the RESULT line's `floor` (its CPU over bare's).
+plus the least an ELO eval that keeps a crash to the item in flight must do,
+as item_overhead.py's floor is for a task: each item's request fingerprinted
+(orjson with sorted keys, sha256), its answer and then its judgments a journal
+line each (one os.write(2) apiece), and at the session's end the run dir's
+requests and predictions rows (one orjson line each) and the fits an EloEval
+reports: after each stage the Bradley-Terry fit of the judgments so far with
+its Fisher error (what the next stage picks references by and the stage table
+shows), and the final fit with its 1,000-resample task bootstrap, all with
+numpy and scipy.special (the project's fit, `numbers/elo/fit.py`, imported as
+the EloEval imports it). Printed as the RESULT line's `floor` (its CPU over
+bare's). Before 2026-12-07 the floor was bare plus the fits alone.
 """
 
 from __future__ import annotations
@@ -86,10 +91,15 @@ def test_judged(n):
 )
 
 
-# The floor: the bare test, keeping each judgment (task, reference, score,
-# stage), and the session's end fitting them stage by stage as an EloEval does.
+# The floor: the bare test, its request fingerprinted, its answer and its
+# judgments a journal line each as they exist, each judgment (task, reference,
+# score, stage) kept; the session's end writes the run dir's rows and fits the
+# judgments stage by stage as an EloEval does.
 _FLOOR_TEST = (
     """
+import hashlib
+import os
+
 import orjson
 import pytest
 """
@@ -101,21 +111,44 @@ ANSWERS = [
     (f"ref{{r}}", {{row["instance_id"]: row["generations"][0]["text"] for row in rows}})
     for r, rows in enumerate(ROWS)
 ]
+JOURNAL = os.open("floor-journal.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
 JUDGED = []
+DONE = []
 
 
 @pytest.mark.parametrize("n", range({items}))
 def test_judged(n):
     instance = POOL[n // {samples}]
     stage = 1 + n // {per_stage_items}
+    request = {{"instance_id": instance["id"], "context": "Q: " + instance["q"], "sampling": {{}}}}
+    digest = hashlib.sha256(orjson.dumps(request, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    key = [stage, instance["id"], n % {samples}]
+    os.write(JOURNAL, orjson.dumps({{"type": "gen", "key": key, "request": digest, "text": "ok"}}) + b"\\n")
+    verdicts = {{}}
     for name, answers in ANSWERS:
-        JUDGED.append((instance["id"], name, judge(instance, "ok", answers[instance["id"]]), stage))
+        verdicts[name] = judge(instance, "ok", answers[instance["id"]])
+        JUDGED.append((instance["id"], name, verdicts[name], stage))
+    os.write(JOURNAL, orjson.dumps({{"type": "score", "key": key, "judgments": verdicts}}) + b"\\n")
+    DONE.append((request, verdicts))
+
+
+def write_rundir():
+    with open("floor-requests.jsonl", "wb") as f:
+        f.writelines(orjson.dumps(request, option=orjson.OPT_APPEND_NEWLINE) for request, _ in DONE)
+    with open("floor-predictions.jsonl", "wb") as f:
+        f.writelines(
+            orjson.dumps(
+                {{"instance_id": r["instance_id"], "generations": [{{"text": "ok"}}], "scores": v}},
+                option=orjson.OPT_APPEND_NEWLINE,
+            )
+            for r, v in DONE
+        )
 """
 )
 
 _FLOOR_CONFTEST = """
 def pytest_sessionfinish(session):
-    from test_bare import JUDGED
+    from test_bare import JUDGED, write_rundir
 
     from pytest_evalreplay.numbers.elo.fit import cumulative_fits, fit_elo
     from pytest_evalreplay.numbers.elo.table import tabulate
@@ -123,6 +156,7 @@ def pytest_sessionfinish(session):
     references = {{f"ref{{r}}": 800.0 + 100 * r for r in range({refs})}}
     cumulative_fits(JUDGED, references, num_stages={stages}, n_boot=0, seed=1)
     fit_elo(tabulate(JUDGED, references), n_boot=1000, seed=1)
+    write_rundir()
 """
 
 
@@ -219,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     print(result.line("maxrss_mib", "peak RSS", "MiB", "elo", "bare"))
     print(floor.line("cpu", "floor CPU", "s", "floor", "bare"))
     print(
-        "  floor    : bare + each stage's fit and the final bootstrap (numpy, scipy.special); "
+        "  floor    : bare + each item's request digest and two journal lines, the run dir's rows, "
+        "each stage's fit and the final bootstrap (numpy, scipy.special); "
         f"EloEval over floor {result.median('a', 'cpu') / floor.median('a', 'cpu'):.3f}x"
     )
     ok = result.ratio("cpu") <= GOAL
@@ -233,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         ok,
         items=items,
         judgments=REFERENCES * items,
-        floor=f"{floor.ratio('cpu'):.2f}x ({floor.median('a', 'cpu'):.2f} s: bare + the fits, numpy, scipy)",
+        floor=(
+            f"{floor.ratio('cpu'):.2f}x ({floor.median('a', 'cpu'):.2f} s: bare + a digest and two journal "
+            "lines an item, the run dir rows, the fits with numpy and scipy)"
+        ),
     )
     return 0 if ok else 1
 
