@@ -68,13 +68,8 @@ class _Runs:
         run: list[Saved] = []
         for pair in saved_items(self._items):
             if run and run[0][0].key[:2] != pair[0].key[:2]:
-                yield _sorted(run)
+                yield sorted(run, key=_rollout)
                 run = []
             run.append(pair)
         if run:
-            yield _sorted(run)
-
-
-def _sorted(run: list[Saved]) -> list[Saved]:
-    """A run's items in rollout order (most runs are one item: nothing to sort)."""
-    return run if len(run) == 1 else sorted(run, key=_rollout)
+            yield sorted(run, key=_rollout)
