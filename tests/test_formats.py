@@ -644,6 +644,10 @@ def test_a_load_leaves_objects_frozen_by_others_frozen(tmp_path: Path) -> None:
     try:
         frozen = gc.get_freeze_count()
         assert len(ReplayProvider.from_path(tmp_path).index) == 50
-        assert gc.get_freeze_count() == frozen
+        # An unfreeze would empty the permanent generation and a freeze would
+        # add the index to it; frozen objects freed by their last reference
+        # going away (a cache another test left, evicted during the load)
+        # leave it, so the count may fall a little but never to zero.
+        assert 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
