@@ -54,6 +54,16 @@ class ScoreRef(NamedTuple):
     unreadable: int = 0  # judge replies that could not be read
 
 
+# GenRef and ScoreRef rows built as tuples of all their fields, without the
+# NamedTuple's own `__new__` (a Python frame, its defaults): one per row read.
+_new = tuple.__new__
+
+
+class _BadRow(ValueError):
+    """A row that fails its checks: what is wrong and what to do, without
+    where (`JournalIndex._checked_apply` adds its file and line)."""
+
+
 @dataclass(frozen=True, slots=True)
 class FailRef:
     failure: Failure
@@ -153,98 +163,116 @@ class JournalIndex:
         pos = 0
         n = len(data)
         loads = orjson.loads
-        prefix = f"{self.path}:"  # each row's `where`, for its errors
-        while pos < n:
-            nl = data.find(b"\n", pos)
-            if nl < 0:  # no newline yet: torn (a crash) or being written; read again later
-                if data[pos:].strip():
-                    self.torn = self.lineno + 1
-                return
-            line = data[pos:nl]
-            start = base + pos
-            pos = nl + 1
-            self.lineno += 1
-            if line.strip():
-                where = prefix + str(self.lineno)
-                try:
-                    row = loads(line)
-                except orjson.JSONDecodeError as exc:
-                    self.lineno -= 1
-                    raise EvalReplayError(
-                        f"{where}: malformed journal line ({exc}); delete that line, or run with "
-                        "--evalreplay-reset to discard this task's saved results"
-                    ) from None
-                try:
-                    self._apply(row, where, start, len(line))
-                except EvalReplayError:
-                    self.lineno -= 1
-                    raise
+        torn = None
+        try:
+            while pos < n:
+                nl = data.find(b"\n", pos)
+                if nl < 0:  # no newline yet: torn (a crash) or being written; read again later
+                    if data[pos:].strip():
+                        torn = self.lineno + 1
+                    break
+                line = data[pos:nl]
+                self.lineno += 1
+                if line.strip():
+                    try:
+                        row = loads(line)
+                    except orjson.JSONDecodeError as exc:
+                        self.lineno -= 1
+                        raise EvalReplayError(
+                            f"{self._where(self.lineno + 1)}: malformed journal line ({exc}); delete "
+                            "that line, or run with --evalreplay-reset to discard this task's saved results"
+                        ) from None
+                    self._checked_apply(row, base + pos, len(line), undo=True)
+                pos = nl + 1
+        finally:
+            # Read up to the end of the last line indexed, set once, not per row: a
+            # refused line is read again next time (its error raised each time).
             self.offset = base + pos
-            self.torn = None
+        self.torn = torn
 
-    def _apply(self, row: Any, where: str, offset: int, length: int) -> None:
+    def _where(self, lineno: int | None = None) -> str:
+        """The "file:line" of a row (line `lineno`, or the one being read), for its error."""
+        return f"{self.path}:{self.lineno if lineno is None else lineno}"
+
+    def _checked_apply(self, row: Any, offset: int, length: int, undo: bool) -> None:
+        """`_apply`, its `_BadRow` named by file and line; `undo`: a refused
+        row is not counted as read (the next read starts at it again)."""
+        try:
+            self._apply(row, offset, length)
+        except _BadRow as exc:
+            where = self._where()
+            if undo:
+                self.lineno -= 1
+            raise EvalReplayError(f"{where}: {exc}") from None
+        except EvalReplayError:
+            if undo:
+                self.lineno -= 1
+            raise
+
+    def _apply(self, row: Any, offset: int, length: int) -> None:
+        """Index one row (line `self.lineno`); a bad one raises `_BadRow`, which
+        the caller turns into an error naming the line: that string is made
+        only then, not for each of a large journal's rows."""
         if not isinstance(row, dict) or not isinstance(row.get("type"), str):
-            raise EvalReplayError(f"{where}: a journal row must be a JSON object with a 'type'")
+            raise _BadRow("a journal row must be a JSON object with a 'type'")
         kind = row["type"]
         self.rows += 1
         if kind == "header":
             if self.header is not None:
-                raise EvalReplayError(f"{where}: a second journal header; run with --evalreplay-reset")
+                raise _BadRow("a second journal header; run with --evalreplay-reset")
             if row.get("format") != FORMAT:
-                raise EvalReplayError(
-                    f"{where}: a journal of another format ({row.get('format')!r}, this version reads "
+                raise _BadRow(
+                    f"a journal of another format ({row.get('format')!r}, this version reads "
                     f"{FORMAT!r}); delete it, or run with --evalreplay-reset to discard it"
                 )
             self.header = row
             return
         if self.header is None:
-            raise EvalReplayError(
-                f"{where}: journal rows before its header; delete the file or run with --evalreplay-reset"
-            )
+            raise _BadRow("journal rows before its header; delete the file or run with --evalreplay-reset")
         seq = self.rows
         if kind == "gen":
-            key = _key(row, where, "rollout")
+            key = _key(row, "rollout")
             generation = row.get("generation")
             if not isinstance(generation, dict) or not isinstance(generation.get("text"), str):
-                raise EvalReplayError(f"{where}: a gen row needs a 'generation' object with a 'text'")
+                raise _BadRow("a gen row needs a 'generation' object with a 'text'")
             request, provider, run = row.get("request"), row.get("provider"), row.get("run")
             if type(request) is not str or type(provider) is not str or type(run) is not str:
-                request, provider, run = (_str_field(row, f, where) for f in ("request", "provider", "run"))
+                request, provider, run = (_str_field(row, f) for f in ("request", "provider", "run"))
             self._add_gen(key, request, provider, run, generation, offset, length)
         elif kind == "score":
-            key = self._one(_key(row, where, "rollout"))
-            of = self._one(_str_field(row, "of", where))
+            key = self._one(_key(row, "rollout"))
+            of = self._one(_str_field(row, "of"))
             scores = row.get("scores")
             error = row.get("error")
             judgments = row.get("judgments")
             if judgments is not None:
-                judgments = _judgments(judgments, where)
+                judgments = _judgments(judgments)
                 if error is None:  # an ELO item's scores: its verdicts' means (earlier versions wrote both)
                     scores = {r: math.fsum(v) / len(v) for r, v in judgments.items()}
             if scores is not None:
-                scores = _scores(scores, where)
+                scores = _scores(scores)
                 scores = self._shared.setdefault(("scores", *scores.items()), scores)
             elif not isinstance(error, str):
-                raise EvalReplayError(f"{where}: a score row needs 'scores', 'judgments' or an 'error'")
-            no_answer = row.get("no_answer", [])
-            if not isinstance(no_answer, list) or not all(isinstance(r, str) for r in no_answer):
-                raise EvalReplayError(f"{where}: 'no_answer' must list reference names; delete that line")
+                raise _BadRow("a score row needs 'scores', 'judgments' or an 'error'")
+            no_answer = row.get("no_answer", ())  # most rows have none: no list made, none walked
+            if no_answer != ():
+                if not isinstance(no_answer, list) or not all(isinstance(r, str) for r in no_answer):
+                    raise _BadRow("'no_answer' must list reference names; delete that line")
+                no_answer = tuple(no_answer)
             unreadable = row.get("unreadable", 0)
             if type(unreadable) is not int or unreadable < 0:
-                raise EvalReplayError(
-                    f"{where}: 'unreadable' must be a count (an int >= 0); delete that line"
-                )
-            run = self._one(_str_field(row, "run", where))
-            self.scores[(key, of)] = ScoreRef(
-                scores, error, run, self.lineno, judgments, tuple(no_answer), unreadable
+                raise _BadRow("'unreadable' must be a count (an int >= 0); delete that line")
+            run = self._one(_str_field(row, "run"))
+            self.scores[(key, of)] = _new(
+                ScoreRef, (scores, error, run, self.lineno, judgments, no_answer, unreadable)
             )
         elif kind == "fail":
-            failure = Failure.from_row(row, where)
+            failure = Failure.from_row(row, self._where())
             ref = FailRef(
                 failure,
-                self._one(_str_field(row, "request", where)),
-                self._one(_str_field(row, "provider", where)),
-                self._one(_str_field(row, "run", where)),
+                self._one(_str_field(row, "request")),
+                self._one(_str_field(row, "provider")),
+                self._one(_str_field(row, "run")),
                 self.lineno,
                 seq,
             )
@@ -254,24 +282,24 @@ class JournalIndex:
         elif kind == "request":
             rq = row.get("digest")
             if type(rq) is not str:
-                rq = _str_field(row, "digest", where)
+                rq = _str_field(row, "digest")
             if type(row.get("request")) is not dict:
-                raise EvalReplayError(f"{where}: a request row needs a 'request' object")
+                raise _BadRow("a request row needs a 'request' object")
             self._add_request(rq, offset, length)
         elif kind == "provider":
-            pv = _str_field(row, "digest", where)
+            pv = _str_field(row, "digest")
             if not isinstance(row.get("provider"), dict):
-                raise EvalReplayError(f"{where}: a provider row needs a 'provider' object")
+                raise _BadRow("a provider row needs a 'provider' object")
             self.providers.setdefault(pv, row["provider"])
             self.provider_lines.setdefault(pv, self.lineno)
         elif kind == "stage":
             self.stage_rows.append((self.lineno, row))
         elif kind == "done":
-            fact = (_str_field(row, "unit", where), _str_field(row, "run", where))
+            fact = (_str_field(row, "unit"), _str_field(row, "run"))
             self.done.add(fact)
             self.done_lines.setdefault(fact, self.lineno)
         else:
-            raise EvalReplayError(f"{where}: unknown journal row type {kind!r}")
+            raise _BadRow(f"unknown journal row type {kind!r}")
 
     def _add_request(self, rq: str, offset: int, length: int) -> None:
         self.requests.setdefault(self._one(rq), offset << 32 | length)  # the first row of a content stays
@@ -287,18 +315,22 @@ class JournalIndex:
         length: int,
     ) -> None:
         ptok, ctok = generation.get("prompt_tokens"), generation.get("completion_tokens")
-        ref = GenRef(  # by position: a NamedTuple built with keywords takes twice as long, once per row
-            self._one(request),
-            self._one(provider),
-            self._one(run),
-            offset,
-            length,
-            self.lineno,
-            self.rows,  # seq
-            ptok if type(ptok) is int else None,
-            ctok if type(ctok) is int else None,
+        one = self._shared.setdefault  # `_one`, inlined: three or four times a row
+        ref = _new(
+            GenRef,
+            (
+                one(request, request),
+                one(provider, provider),
+                one(run, run),
+                offset,
+                length,
+                self.lineno,
+                self.rows,  # seq
+                ptok if type(ptok) is int else None,
+                ctok if type(ctok) is int else None,
+            ),
         )
-        key = self._one(key)
+        key = one(key, key)
         self.gens[key] = (*self.gens.get(key, ()), ref)
 
     def note_written(
@@ -330,9 +362,9 @@ class JournalIndex:
                     key, row["request"], row["provider"], row["run"], row["generation"], self.offset, length
                 )
             elif kind == "score":
-                self._apply(row, f"{self.path}:{self.lineno}", self.offset, length)
+                self._checked_apply(row, self.offset, length, undo=False)
             else:
-                self._apply(orjson.loads(line), f"{self.path}:{self.lineno}", self.offset, length)
+                self._checked_apply(orjson.loads(line), self.offset, length, undo=False)
             self.offset += len(line)
             self.torn = None
 
@@ -414,40 +446,42 @@ class JournalIndex:
         return self.scores.get((key, gen.run))
 
 
-def _key(row: dict[str, Any], where: str, rollout_field: str) -> RolloutKey:
+def _key(row: dict[str, Any], rollout_field: str) -> RolloutKey:
     stage, iid, rollout = row.get("stage"), row.get("instance_id"), row.get(rollout_field)
     if type(stage) is not int or not isinstance(iid, str) or type(rollout) is not int:
-        raise EvalReplayError(
-            f"{where}: journal row needs an integer 'stage', a string 'instance_id' and an integer "
+        raise _BadRow(
+            f"journal row needs an integer 'stage', a string 'instance_id' and an integer "
             f"'{rollout_field}'; delete that line or run with --evalreplay-reset"
         )
     return (stage, iid, rollout)
 
 
-def _str_field(row: dict[str, Any], name: str, where: str) -> str:
+def _str_field(row: dict[str, Any], name: str) -> str:
     value = row.get(name)
     if not isinstance(value, str):
-        raise EvalReplayError(f"{where}: journal row lacks a string {name!r}; delete that line")
+        raise _BadRow(f"journal row lacks a string {name!r}; delete that line")
     return value
 
 
-def _judgments(judgments: Any, where: str) -> dict[str, tuple[float, ...]]:
+def _judgments(judgments: Any) -> dict[str, tuple[float, ...]]:
     ok = isinstance(judgments, dict) and all(
         isinstance(v, list) and v and all(x in (0, 0.5, 1) and not isinstance(x, bool) for x in v)
         for v in judgments.values()
     )
     if not ok:
-        raise EvalReplayError(
-            f"{where}: 'judgments' must map references to non-empty lists of 0, 0.5 or 1; delete that line"
-        )
+        raise _BadRow("'judgments' must map references to non-empty lists of 0, 0.5 or 1; delete that line")
     return {str(k): tuple(float(x) for x in v) for k, v in judgments.items()}
 
 
-def _scores(scores: Any, where: str) -> dict[str, float]:
-    if type(scores) is dict and all(type(v) is float and math.isfinite(v) for v in scores.values()):
-        return scores  # as decoded (JSON's keys are strings): the usual row, no copy
+def _scores(scores: Any) -> dict[str, float]:
+    if type(scores) is dict:
+        for v in scores.values():  # a loop, not all(...): one generator a row is a third of this check
+            if type(v) is not float or not math.isfinite(v):
+                break
+        else:
+            return scores  # as decoded (JSON's keys are strings): the usual row, no copy
     if not isinstance(scores, dict) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in scores.values()
     ):
-        raise EvalReplayError(f"{where}: 'scores' must map names to finite numbers; delete that line")
+        raise _BadRow("'scores' must map names to finite numbers; delete that line")
     return {str(k): float(v) for k, v in scores.items()}
