@@ -188,7 +188,8 @@ def _digest(data: bytes) -> bytes:
 
 def _identity(row: Mapping[str, Any], line: bytes) -> bytes:
     """What makes two rows the same row: a request or provider row its digest;
-    a stage record its content less its run; any other row its bytes."""
+    a stage record its content less its run; any other row its bytes (its
+    line, newline included)."""
     kind = row["type"]
     if kind in ("request", "provider"):
         return _digest(orjson.dumps([kind, row.get("digest")]))
@@ -217,13 +218,10 @@ def _as_list(starts: Starts) -> list[int]:
     return [starts] if isinstance(starts, int) else starts
 
 
+# A subject's one line, at `start` in the journal of the shard at `place`, as
+# one int: `start << _PLACE_BITS | place`.
 _PLACE_BITS = 32
 _PLACE = (1 << _PLACE_BITS) - 1
-
-
-def _packed(place: int, start: int) -> int:
-    """A subject's one line, at `start` in the journal of the shard at `place`, as one int."""
-    return start << _PLACE_BITS | place
 
 
 def _canonical(data: bytes, starts: Starts) -> tuple[bytes, set[bytes]]:
@@ -293,7 +291,7 @@ def merge_journal(name: str, parts: Iterable[tuple[str, Take]], notes: list[str]
     # (newest, all) as compared): the comparable form is made only when a second
     # shard decides the subject too (a rollout belongs to one shard, so mostly
     # never), from the first shard's journal, taken again then, once per shard pair.
-    # A subject of one line that no second shard decided is one int (`_packed`).
+    # A subject of one line that no second shard decided is one int (`_PLACE_BITS`).
     newest: dict[bytes, int | tuple[int, Starts, tuple[bytes, set[bytes]] | None]] = {}
     task = name.removesuffix("-journal.jsonl")
     for label, take in parts:
@@ -312,7 +310,7 @@ def merge_journal(name: str, parts: Iterable[tuple[str, Take]], notes: list[str]
                 else:
                     known.append(start)
             line = data[start:end]
-            identity = _identity(row, line[:-1])
+            identity = _identity(row, line)
             if identity not in seen:
                 seen.add(identity)
                 body.update(line)
@@ -326,7 +324,8 @@ def merge_journal(name: str, parts: Iterable[tuple[str, Take]], notes: list[str]
         for subject, starts in mine.items():
             other = newest.get(subject)
             if other is None:
-                newest[subject] = _packed(here, starts) if isinstance(starts, int) else (here, starts, None)
+                one = type(starts) is int
+                newest[subject] = starts << _PLACE_BITS | here if one else (here, starts, None)
                 continue
             if isinstance(other, int):
                 other = (other & _PLACE, other >> _PLACE_BITS, None)
