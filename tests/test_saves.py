@@ -1,16 +1,21 @@
-"""`formats.saves.first_answer`: how an ELO eval reads a reference's answer
-from its saved run, by the saved-run readers replay serves by (no provider)."""
+"""`formats.saves`: a prompt's saves merged and chosen, and `first_answer`,
+how an ELO eval reads a reference's answer from its saved run, by the
+saved-run readers replay serves by (no provider)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pytest_evalreplay.formats import load
-from pytest_evalreplay.formats.saves import first_answer
-from pytest_evalreplay.model import EvalReplayError
+from pytest_evalreplay.formats.saved import SavedRow
+from pytest_evalreplay.formats.saves import choose, first_answer, merge
+from pytest_evalreplay.model import EvalReplayError, Generation
 
 REFS = Path(__file__).parent.parent / "examples" / "elo_references"
 
@@ -61,3 +66,29 @@ def test_saves_that_disagree_on_a_sample_are_refused_naming_both_lines(tmp_path:
         EvalReplayError, match=rf"disagree \(sample 0 of instance q1 .*{path.name}:1 .*{path.name}:2\)"
     ):
         first_answer(load(path), ("Q?", None), 1)
+
+
+@given(
+    rollouts=st.lists(st.integers(0, 20), min_size=0, max_size=6, unique=True),
+    sampling=st.one_of(st.none(), st.fixed_dictionaries({"temperature": st.floats(0, 2)})),
+    stage=st.integers(1, 3),
+)
+def test_a_prompt_saved_once_merges_as_the_general_rule_merges_it(
+    rollouts: list[int], sampling: dict[str, float] | None, stage: int
+) -> None:
+    """`merge`'s shortcut for one row (nearly every prompt) against the rule
+    for many: the row beside a copy of itself is one save of the same samples."""
+    generations = tuple(Generation(text=f"answer {r}", finish_reason="stop") for r in rollouts)
+    alone = SavedRow("q1", stage, tuple(rollouts), generations, "f:1", Path("f"), sampling)
+    (one,) = merge([alone])
+    (both,) = merge([alone, dataclasses.replace(alone, where="f:2")])
+    assert (one.instance_id, one.stage, one.samples, one.samplings, one.conflicts) == (
+        both.instance_id,
+        both.stage,
+        both.samples,
+        both.samplings,
+        both.conflicts,
+    )
+    assert list(one.samples) == list(both.samples) == rollouts
+    assert one.where == ("f:1",) and both.where == ("f:1", "f:2")
+    assert choose([one], stage) == [one]

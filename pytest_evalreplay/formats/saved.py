@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -288,11 +288,21 @@ def decode_at(files: list[SavedFile] | tuple[SavedFile, ...], pos: int) -> Saved
     source, lineno = locate(files, pos)
     offset = pos - source.start
     row = source.decode(source.blob(offset), f"{source.path}:{lineno}", source.path)
-    if source.continuations and offset in source.continuations:
-        row = replace(row, continuations=source.continuations[offset])
-    if source.samplings is None:
+    continuations = source.continuations.get(offset) if source.continuations else None
+    if continuations is None and source.samplings is None:
         return row
-    return replace(row, sampling=source.samplings.at(offset))
+    # Built positionally, not by `dataclasses.replace` (some 9k instructions a
+    # row: replay and an ELO eval's references decode every row they serve).
+    return SavedRow(
+        row.instance_id,
+        row.stage,
+        row.rollouts,
+        row.generations,
+        row.where,
+        row.file,
+        row.sampling if source.samplings is None else source.samplings.at(offset),
+        row.continuations if continuations is None else continuations,
+    )
 
 
 @dataclass

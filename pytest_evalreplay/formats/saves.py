@@ -81,6 +81,19 @@ def _shown(first: Generation, other: Generation) -> tuple[str, str]:
 def merge(rows: Sequence[SavedRow]) -> list[Save]:
     """Group rows by (file, stage, instance). A sample saved twice with the same
     text is one sample; with different texts, a conflict (never last-wins)."""
+    if len(rows) == 1:  # a prompt saved once (nearly always): a row's rollouts are distinct, nothing to merge
+        row = rows[0]
+        samples = dict(zip(row.rollouts, row.generations, strict=True))
+        return [
+            Save(
+                row.instance_id,
+                row.stage,
+                samples,
+                (row.where,),
+                (),
+                dict.fromkeys(row.rollouts, row.sampling),
+            )
+        ]
     groups: dict[tuple[Path, int, str], list[SavedRow]] = {}
     for row in rows:
         groups.setdefault((row.file, row.stage, row.instance_id), []).append(row)
@@ -119,10 +132,14 @@ def first_difference(saves: Sequence[Save]) -> str:
 def choose(saves: Sequence[Save], stage: int) -> list[Save] | None:
     """The saves that serve a request: all saves of the prompt when they agree,
     failing that all saves of the request's stage. None when they disagree."""
-    for candidates in (list(saves), [s for s in saves if s.stage == stage]):
-        if candidates and all(s.answers == candidates[0].answers for s in candidates[1:]):
-            return candidates
-    return None
+    if saves and _agree(saves):
+        return list(saves)
+    staged = [s for s in saves if s.stage == stage]  # made only when the prompt's saves disagree
+    return staged if staged and _agree(staged) else None
+
+
+def _agree(saves: Sequence[Save]) -> bool:
+    return all(s.answers == saves[0].answers for s in saves[1:])
 
 
 def served(generation: Generation, saved_sampling: Mapping[str, Any] | None = None) -> Generation:
