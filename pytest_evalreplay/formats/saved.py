@@ -291,17 +291,17 @@ def decode_at(files: list[SavedFile] | tuple[SavedFile, ...], pos: int) -> Saved
     continuations = source.continuations.get(offset) if source.continuations else None
     if continuations is None and source.samplings is None:
         return row
-    # Built positionally, not by `dataclasses.replace` (some 9k instructions a
+    # Built here, not by `dataclasses.replace` (some 9k instructions a
     # row: replay and an ELO eval's references decode every row they serve).
     return SavedRow(
-        row.instance_id,
-        row.stage,
-        row.rollouts,
-        row.generations,
-        row.where,
-        row.file,
-        row.sampling if source.samplings is None else source.samplings.at(offset),
-        row.continuations if continuations is None else continuations,
+        instance_id=row.instance_id,
+        stage=row.stage,
+        rollouts=row.rollouts,
+        generations=row.generations,
+        where=row.where,
+        file=row.file,
+        sampling=row.sampling if source.samplings is None else source.samplings.at(offset),
+        continuations=row.continuations if continuations is None else continuations,
     )
 
 
