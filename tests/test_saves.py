@@ -73,11 +73,11 @@ def test_saves_that_disagree_on_a_sample_are_refused_naming_both_lines(tmp_path:
     sampling=st.one_of(st.none(), st.fixed_dictionaries({"temperature": st.floats(0, 2)})),
     stage=st.integers(1, 3),
 )
-def test_a_prompt_saved_once_merges_as_the_general_rule_merges_it(
+def test_a_row_merged_alone_or_beside_its_copy_is_one_save_of_its_samples(
     rollouts: list[int], sampling: dict[str, float] | None, stage: int
 ) -> None:
-    """`merge`'s shortcut for one row (nearly every prompt) against the rule
-    for many: the row beside a copy of itself is one save of the same samples."""
+    """A sample saved twice alike is one sample: a prompt saved once (nearly
+    every prompt) and saved twice merge to the same save, but for where."""
     generations = tuple(Generation(text=f"answer {r}", finish_reason="stop") for r in rollouts)
     alone = SavedRow("q1", stage, tuple(rollouts), generations, "f:1", Path("f"), sampling)
     (one,) = merge([alone])

@@ -81,19 +81,6 @@ def _shown(first: Generation, other: Generation) -> tuple[str, str]:
 def merge(rows: Sequence[SavedRow]) -> list[Save]:
     """Group rows by (file, stage, instance). A sample saved twice with the same
     text is one sample; with different texts, a conflict (never last-wins)."""
-    if len(rows) == 1:  # a prompt saved once (nearly always): a row's rollouts are distinct, nothing to merge
-        row = rows[0]
-        samples = dict(zip(row.rollouts, row.generations, strict=True))
-        return [
-            Save(
-                row.instance_id,
-                row.stage,
-                samples,
-                (row.where,),
-                (),
-                dict.fromkeys(row.rollouts, row.sampling),
-            )
-        ]
     groups: dict[tuple[Path, int, str], list[SavedRow]] = {}
     for row in rows:
         groups.setdefault((row.file, row.stage, row.instance_id), []).append(row)
