@@ -213,6 +213,20 @@ def test_a_task_s_stale_temporaries_are_its_own_files_only(tmp_path: Path) -> No
     assert judge_tmp.exists() and not own_tmp.exists()
 
 
+def test_a_journal_rewrite_killed_midway_leaves_no_temporary_after_the_resume(
+    project: pytest.Pytester,
+) -> None:
+    """A session SIGKILLed while compacting its journal (the last thing a run
+    does) leaves the rewrite's temporary file; the resume, which has nothing
+    left to write to that journal, removes it when it writes the task's run
+    dir (under the same task lock). Seen in CI's chaos run (seed1230)."""
+    project.runpytest("--evalreplay-output=run").assert_outcomes(passed=2)
+    stale = project.path / "run" / ".t-journal.jsonl.8knh71do.tmp"  # as the kill left it
+    stale.write_bytes(b'{"type": "header", "ta')
+    project.runpytest("--evalreplay-output=run", "--resume").stdout.fnmatch_lines(["*0 to run, 2 reused*"])
+    assert not stale.exists()
+
+
 def test_a_session_killed_while_writing_who_holds_the_dir_leaves_no_temporary(
     project: pytest.Pytester,
 ) -> None:

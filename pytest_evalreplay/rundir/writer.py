@@ -146,7 +146,11 @@ def write_task(
             )
 
     files = task_files(directory, outcome.task)
-    remove_stale_temporaries(directory, [*files.values(), directory / f"{outcome.task}{TRANSCRIPTS_SUFFIX}"])
+    # Also the journal's (a run killed compacting it, its last write, may leave
+    # the resume nothing else to write there) and the transcripts': one task lock.
+    remove_stale_temporaries(
+        directory, [*files.values(), directory / f"{outcome.task}{TRANSCRIPTS_SUFFIX}", index.path]
+    )
     atomic_write(files["predictions"], _jsonl(predictions()))  # first: the requests rows take its sampling
     atomic_write(files["requests"], _jsonl(requests()))
     if metrics:
