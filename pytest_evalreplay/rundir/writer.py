@@ -146,8 +146,9 @@ def write_task(
             )
 
     files = task_files(directory, outcome.task)
-    # Also the journal's (a run killed compacting it, its last write, may leave
-    # the resume nothing else to write there) and the transcripts': one task lock.
+    # Also the journal's (a run killed writing its header or compacting it) and
+    # the transcripts': one task lock guards them all, and a resume may have
+    # nothing to add to the journal that would have cleaned it there.
     remove_stale_temporaries(
         directory, [*files.values(), directory / f"{outcome.task}{TRANSCRIPTS_SUFFIX}", index.path]
     )
