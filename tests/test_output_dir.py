@@ -7,14 +7,17 @@ message naming it, and whatever it points to is left as it was."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 from echo_project import CONFTEST
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_evalreplay import EvalReplayError
 from pytest_evalreplay.rundir.writer import CACHEDIR_TAG, prepare_output_dir
-from pytest_evalreplay.storage.files import NoFollowLock, own_dir
+from pytest_evalreplay.storage.files import NoFollowLock, own_dir, temporary_prefix, temporary_target
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -161,6 +164,26 @@ def test_under_xdist_stale_progress_files_of_this_run_s_workers_go_and_nothing_e
     assert not (progress / "gw0.json").exists() or (progress / "gw0.json").read_text() != '{"task": "old"}'
 
 
+@pytest.mark.slow  # pytest-xdist workers started
+def test_under_xdist_a_killed_worker_s_temporaries_go_at_the_next_run(project: pytest.Pytester) -> None:
+    """A worker SIGKILLed while writing its progress file or its collection
+    line (each an atomic write) leaves the write's temporary; the next run's
+    controller, which holds the output dir before any worker starts, removes
+    them, and nothing that is not one of its workers' files."""
+    pytest.importorskip("xdist")
+    out = project.path / "out"
+    progress = out / ".evalreplay-progress"
+    progress.mkdir(parents=True)
+    stale = [progress / ".gw0.json.ab12cd_4.tmp", out / "..evalreplay-collection-gw1.json.k2j4h6g8.tmp"]
+    kept = [progress / ".notes.json.ab12cd34.tmp", out / ".notes.txt.ab12cd34.tmp"]
+    for path in (*stale, *kept):
+        path.write_text('{"task": "o')
+    result = project.runpytest("--evalreplay-output=out", "-n", "2", "-p", "no:benchmark")
+    result.assert_outcomes(passed=2)
+    assert [p.name for p in stale if p.exists()] == []
+    assert all(p.exists() for p in kept)
+
+
 def test_own_dir_refuses_a_link_and_a_file(tmp_path: Path) -> None:
     target = precious_dir(tmp_path)
     (tmp_path / "linked").symlink_to(target, target_is_directory=True)
@@ -202,7 +225,7 @@ def test_a_task_s_stale_temporaries_are_its_own_files_only(tmp_path: Path) -> No
     lock) while another writes `math-judge`'s files (under the judge's lock):
     the first must not remove the second's temporary files as stale, or that
     rename fails ("run dir not written: ...: No such file or directory")."""
-    from pytest_evalreplay.rundir.writer import remove_stale_temporaries
+    from pytest_evalreplay.storage.files import remove_stale_temporaries
     from pytest_evalreplay.storage.runschema import task_files
 
     judge_tmp = tmp_path / ".math-judge-requests.jsonl.ab12cd34.tmp"
@@ -226,6 +249,19 @@ def test_a_journal_rewrite_killed_midway_leaves_no_temporary_after_the_resume(
     stale.write_bytes(b'{"type": "header", "ta')
     project.runpytest("--evalreplay-output=run", "--resume").stdout.fnmatch_lines(["*0 to run, 2 reused*"])
     assert not stale.exists()
+
+
+@given(st.text(alphabet="abcXYZ019._-", min_size=1, max_size=40).filter(lambda n: n not in (".", "..")))
+@settings(max_examples=60, deadline=None)
+def test_a_temporary_names_the_file_it_was_written_for(name: str) -> None:
+    """`temporary_target` inverts what `atomic_write` names its temporary
+    (dots in the name, a leading dot, mkstemp's random part) and nothing else."""
+    with tempfile.TemporaryDirectory() as folder:
+        target = Path(folder) / name
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=temporary_prefix(target), suffix=".tmp")
+        os.close(fd)
+        assert temporary_target(Path(tmp).name) == name
+    assert temporary_target(name) is None or (name.startswith(".") and name.endswith(".tmp"))
 
 
 def test_a_session_killed_while_writing_who_holds_the_dir_leaves_no_temporary(

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from pytest_evalreplay.model import EvalReplayError
-from pytest_evalreplay.storage.files import atomic_write, own_dir
+from pytest_evalreplay.storage.files import atomic_write, own_dir, temporary_target
 from pytest_evalreplay.storage.runschema import PROGRESS_DIR
 
 TTY_INTERVAL = 0.25
@@ -216,12 +216,16 @@ class FileProgress:
 
 def clear_progress(directory: Path) -> None:
     """An earlier run's progress files go before the workers start: only the
-    names workers write (`gw<N>.json`), in the progress folder itself (the
-    output dir refused a link at its name; a link in it is removed, never
-    followed)."""
+    names workers write (`gw<N>.json`) and the temporaries of a worker killed
+    writing one, in the progress folder itself (the output dir refused a link
+    at its name; a link in it is removed, never followed)."""
     folder = directory / PROGRESS_DIR
     try:
-        names = [e.name for e in os.scandir(folder) if WORKER_FILE.fullmatch(e.name)]
+        names = [
+            e.name
+            for e in os.scandir(folder)
+            if WORKER_FILE.fullmatch(e.name) or WORKER_FILE.fullmatch(temporary_target(e.name) or "")
+        ]
     except OSError:
         return
     for name in names:

@@ -43,7 +43,7 @@ from pytest_evalreplay.storage.files import (
     os_error,
     process_umask,
     refuse_link,
-    temporary_prefix,
+    remove_stale_temporaries,
 )
 from pytest_evalreplay.storage.runschema import (
     FORMAT,
@@ -205,23 +205,6 @@ def without_saved_sampling(generation: Generation) -> Generation:
         return generation
     metadata = {k: v for k, v in generation.metadata.items() if k != SAVED_SAMPLING}
     return dataclasses.replace(generation, metadata=metadata)
-
-
-def remove_stale_temporaries(directory: Path, targets: Iterable[Path]) -> None:
-    """Temporary files a killed writer left behind for these files (the caller
-    holds the lock that every writer of them holds, so none is in use; other
-    files' temporaries, such as a judge's beside its task, are not ours)."""
-    prefixes = tuple(temporary_prefix(t) for t in targets)
-    try:
-        stale = [p for p in directory.iterdir() if p.name.startswith(prefixes) and p.name.endswith(".tmp")]
-    except OSError:
-        return
-    for path in stale:
-        try:
-            if not path.is_symlink() and path.is_file():
-                path.unlink()
-        except OSError:
-            pass
 
 
 def write_manifest(

@@ -243,6 +243,34 @@ def temporary_prefix(path: Path) -> str:
     return f".{path.name[:200]}."
 
 
+def temporary_target(name: str) -> str | None:
+    """The name of the file an `atomic_write` temporary named `name` was
+    written for (None: not one), for a folder whose files are known by a
+    pattern, not by name."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return None
+    target, dot, _ = name[1:-4].rpartition(".")  # mkstemp's random part has no dot
+    return target if dot and target else None
+
+
+def remove_stale_temporaries(directory: Path, targets: Iterable[Path]) -> None:
+    """The `atomic_write` temporaries a killed writer left behind for these
+    files (the caller holds the lock every writer of them holds, or knows no
+    writer runs, so none is in use; other files' temporaries, such as a
+    judge's beside its task, are left alone)."""
+    prefixes = tuple(temporary_prefix(t) for t in targets)
+    try:
+        stale = [p for p in directory.iterdir() if p.name.startswith(prefixes) and p.name.endswith(".tmp")]
+    except OSError:
+        return
+    for path in stale:
+        try:
+            if not path.is_symlink() and path.is_file():
+                path.unlink()
+        except OSError:
+            pass
+
+
 def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
     """Replace `path` with `data` (bytes, or chunks written as they come, so a
     large file is never held whole): a fresh temporary file (created
