@@ -220,20 +220,34 @@ def test_a_lock_is_reentrant_and_released(tmp_path: Path) -> None:
         assert os.path.isfile(tmp_path / ".t.lock")
 
 
-def test_a_task_s_stale_temporaries_are_its_own_files_only(tmp_path: Path) -> None:
-    """Under xdist one worker writes task `math`'s run dir (under the task's
-    lock) while another writes `math-judge`'s files (under the judge's lock):
-    the first must not remove the second's temporary files as stale, or that
-    rename fails ("run dir not written: ...: No such file or directory")."""
-    from pytest_evalreplay.storage.files import remove_stale_temporaries
-    from pytest_evalreplay.storage.runschema import task_files
+def test_taking_the_output_dir_removes_its_own_files_temporaries_and_no_others(tmp_path: Path) -> None:
+    """What writers killed mid-write left (a journal's header, a run dir
+    file, the manifest, the shard marker, a worker's collection line, the
+    holder) goes when a session takes the dir, when none of them can run; a
+    user's file's temporary, a temporary's look-alike and a link stay."""
+    from pytest_evalreplay.rundir.writer import SessionLock
 
-    judge_tmp = tmp_path / ".math-judge-requests.jsonl.ab12cd34.tmp"
-    judge_tmp.write_bytes(b"in use")
-    own_tmp = tmp_path / ".math-requests.jsonl.ef56gh78.tmp"
-    own_tmp.write_bytes(b"left by a killed writer")
-    remove_stale_temporaries(tmp_path, task_files(tmp_path, "math").values())
-    assert judge_tmp.exists() and not own_tmp.exists()
+    own = [
+        ".math-journal.jsonl.ab12cd34.tmp",
+        ".math-judge-requests.jsonl.ef56gh78.tmp",
+        ".math-metrics.json.k2j4h6g8.tmp",
+        ".manifest.json.zz99zz99.tmp",
+        ".evalreplay-shard.json.a_b_c_d_.tmp",
+        "..evalreplay-collection-gw1.json.q1w2e3r4.tmp",
+        "..evalreplay-session.json.oc56d_bc.tmp",
+    ]
+    kept = [".notes.txt.ab12cd34.tmp", ".math-journal.jsonl.tmp", "math-journal.jsonl.ab12cd34.tmp"]
+    for name in (*own, *kept):
+        (tmp_path / name).write_bytes(b'{"type": "hea')
+    precious = precious_dir(tmp_path) / "saved.jsonl"
+    precious.write_text("mine\n")
+    (tmp_path / ".t-predictions.jsonl.l1nk0000.tmp").symlink_to(precious)
+    lock = SessionLock(tmp_path, "r1")
+    lock.acquire()
+    lock.release()
+    assert [n for n in own if (tmp_path / n).exists()] == []
+    assert all((tmp_path / n).exists() for n in kept)
+    assert (tmp_path / ".t-predictions.jsonl.l1nk0000.tmp").is_symlink() and precious.read_text() == "mine\n"
 
 
 def test_a_journal_rewrite_killed_midway_leaves_no_temporary_after_the_resume(

@@ -207,12 +207,8 @@ class XdistHooks:
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput.update(self._controller_state())
         if self.plugin.settings.in_play:
-            from pytest_evalreplay.storage.files import remove_stale_temporaries
-
-            sent = _collection_file(self.plugin.session.output, str(node.gateway.id))
             with contextlib.suppress(OSError):
-                sent.unlink(missing_ok=True)
-            remove_stale_temporaries(sent.parent, [sent])  # a worker killed writing it (none runs yet)
+                _collection_file(self.plugin.session.output, str(node.gateway.id)).unlink(missing_ok=True)
         settings = self.plugin.settings
         if (
             self._watcher is None

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from pytest_evalreplay.model import EvalReplayError
-from pytest_evalreplay.storage.files import atomic_write, own_dir, temporary_target
+from pytest_evalreplay.storage.files import atomic_write, own_dir, remove_temporaries
 from pytest_evalreplay.storage.runschema import PROGRESS_DIR
 
 TTY_INTERVAL = 0.25
@@ -220,12 +220,9 @@ def clear_progress(directory: Path) -> None:
     writing one, in the progress folder itself (the output dir refused a link
     at its name; a link in it is removed, never followed)."""
     folder = directory / PROGRESS_DIR
+    remove_temporaries(folder, WORKER_FILE.fullmatch)
     try:
-        names = [
-            e.name
-            for e in os.scandir(folder)
-            if WORKER_FILE.fullmatch(e.name) or WORKER_FILE.fullmatch(temporary_target(e.name) or "")
-        ]
+        names = [e.name for e in os.scandir(folder) if WORKER_FILE.fullmatch(e.name)]
     except OSError:
         return
     for name in names:

@@ -43,7 +43,7 @@ from pytest_evalreplay.storage.files import (
     os_error,
     process_umask,
     refuse_link,
-    remove_stale_temporaries,
+    remove_temporaries,
 )
 from pytest_evalreplay.storage.runschema import (
     FORMAT,
@@ -54,9 +54,9 @@ from pytest_evalreplay.storage.runschema import (
     SESSION_HOLDER,
     SESSION_LOCK,
     SESSION_WORKERS,
-    TRANSCRIPTS_SUFFIX,
     WORKERS_GONE_WAIT,
     is_own_file,
+    is_own_name,
     is_plain_generation,
     prediction_row,
     request_row,
@@ -146,12 +146,6 @@ def write_task(
             )
 
     files = task_files(directory, outcome.task)
-    # Also the journal's (a run killed writing its header or compacting it) and
-    # the transcripts': one task lock guards them all, and a resume may have
-    # nothing to add to the journal that would have cleaned it there.
-    remove_stale_temporaries(
-        directory, [*files.values(), directory / f"{outcome.task}{TRANSCRIPTS_SUFFIX}", index.path]
-    )
     atomic_write(files["predictions"], _jsonl(predictions()))  # first: the requests rows take its sampling
     atomic_write(files["requests"], _jsonl(requests()))
     if metrics:
@@ -212,7 +206,6 @@ def write_manifest(
 ) -> None:
     """Merge this run's tasks into manifest.json (the caller holds the manifest lock)."""
     path = directory / MANIFEST
-    remove_stale_temporaries(directory, [path])
     try:
         doc = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError):
@@ -386,7 +379,11 @@ class SessionLock:
             lock.release()
             raise
         self._lock = lock
-        remove_stale_temporaries(self.directory, [self.holder_path])  # a session killed while writing it
+        # No writer of the dir's own files runs now (they all run in a session
+        # that holds it, or in its workers, all gone): what a killed one left
+        # half written (a journal's header or compaction, a run dir file, the
+        # manifest, a worker's collection line, this file) goes.
+        remove_temporaries(self.directory, is_own_name)
         holder = {
             "run": self.run,
             "pid": os.getpid(),

@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -237,9 +237,8 @@ def _fsync_dir(directory: Path) -> None:
 
 def temporary_prefix(path: Path) -> str:
     """How `atomic_write`'s temporary files for `path` begin: the whole name
-    (a run dir file's name is far shorter than 200 characters), so the
-    temporaries of `t-requests.jsonl` and of `t-judge-requests.jsonl` never
-    share a prefix."""
+    (cut at 200 characters, so the temporary's own name fits the file
+    system's 255), which `temporary_target` reads back."""
     return f".{path.name[:200]}."
 
 
@@ -253,22 +252,20 @@ def temporary_target(name: str) -> str | None:
     return target if dot and target else None
 
 
-def remove_stale_temporaries(directory: Path, targets: Iterable[Path]) -> None:
-    """The `atomic_write` temporaries a killed writer left behind for these
-    files (the caller holds the lock every writer of them holds, or knows no
-    writer runs, so none is in use; other files' temporaries, such as a
-    judge's beside its task, are left alone)."""
-    prefixes = tuple(temporary_prefix(t) for t in targets)
+def remove_temporaries(directory: Path, named: Callable[[str], bool]) -> None:
+    """Remove the `atomic_write` temporaries in `directory` (not below it) of
+    the files whose names `named` accepts: what writers killed mid-write left.
+    Only for a caller that knows no writer of those files runs (the session
+    that has just taken the output dir), or one could lose its rename. A
+    temporary of a name over 200 characters names a cut name and stays."""
     try:
-        stale = [p for p in directory.iterdir() if p.name.startswith(prefixes) and p.name.endswith(".tmp")]
+        stale = [e.path for e in os.scandir(directory) if (of := temporary_target(e.name)) and named(of)]
     except OSError:
         return
     for path in stale:
-        try:
-            if not path.is_symlink() and path.is_file():
-                path.unlink()
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            if not os.path.islink(path) and os.path.isfile(path):
+                os.unlink(path)
 
 
 def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
