@@ -67,7 +67,8 @@ class Kill:
         if self.kind == "clock":
             n = round(self.fraction * ms)
         else:
-            n = 1 + math.floor(self.fraction * totals[self.kind])
+            # fraction 1.00 (a draw rounded up) is the last event, not one past it
+            n = min(1 + math.floor(self.fraction * totals[self.kind]), totals[self.kind])
         return {"kind": self.kind, "n": n, "tear": self.tear, "worker": self.worker}
 
 
