@@ -255,9 +255,9 @@ def test_a_journal_rewrite_killed_midway_leaves_no_temporary_after_the_resume(
 ) -> None:
     """A session SIGKILLed while writing a journal whole (a new journal's
     header, a compaction, a reset: each an atomic write) leaves that write's
-    temporary file; the resume removes it when it writes the task's run dir
-    (under the same task lock), also when it has nothing to add to the
-    journal. Seen in CI's chaos run (seed1230, killed at a task's first write)."""
+    temporary file; the resume removes it when it takes the output dir, also
+    when it has nothing to add to the journal. Seen in CI's chaos run
+    (seed1230, killed at a task's first write)."""
     project.runpytest("--evalreplay-output=run").assert_outcomes(passed=2)
     stale = project.path / "run" / ".t-journal.jsonl.8knh71do.tmp"  # as the kill left it
     stale.write_bytes(b'{"type": "header", "ta')

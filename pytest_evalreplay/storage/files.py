@@ -244,8 +244,8 @@ def temporary_prefix(path: Path) -> str:
 
 def temporary_target(name: str) -> str | None:
     """The name of the file an `atomic_write` temporary named `name` was
-    written for (None: not one), for a folder whose files are known by a
-    pattern, not by name."""
+    written for (None: not one): a folder's own files are known by their
+    names' pattern (`runschema.is_own_name`), not listed."""
     if not (name.startswith(".") and name.endswith(".tmp")):
         return None
     target, dot, _ = name[1:-4].rpartition(".")  # mkstemp's random part has no dot
@@ -259,13 +259,16 @@ def remove_temporaries(directory: Path, named: Callable[[str], bool]) -> None:
     that has just taken the output dir), or one could lose its rename. A
     temporary of a name over 200 characters names a cut name and stays."""
     try:
-        stale = [e.path for e in os.scandir(directory) if (of := temporary_target(e.name)) and named(of)]
+        stale = [
+            e.path
+            for e in os.scandir(directory)
+            if (of := temporary_target(e.name)) and named(of) and e.is_file(follow_symlinks=False)
+        ]
     except OSError:
         return
     for path in stale:
         with contextlib.suppress(OSError):
-            if not os.path.islink(path) and os.path.isfile(path):
-                os.unlink(path)
+            os.unlink(path)
 
 
 def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
